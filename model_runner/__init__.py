@@ -1,0 +1,1 @@
+"""kvscope's instrumented inference engine: every phase of a request is a measured event."""

@@ -1,0 +1,209 @@
+"""A generation request: its validated parameters (from untrusted JSON) and its mutable run state.
+
+`parse_generate` is the single gatekeeper: every field is checked and a bad one raises `UserError`
+naming the field and its limit, in the spirit of TGI's messages.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .errors import UserError
+
+ROLES = ("system", "user", "assistant", "retrieved")
+DELIVERY_MODES = ("stream", "buffered")
+OVERFLOW_POLICIES = ("reject", "truncate_history", "shrink_output")
+LIMITS = {
+    "messages": 50,
+    "content_chars": 20_000,
+    "total_chars": 60_000,
+    "max_new_tokens": 1024,
+    "temperature": 2.0,
+    "top_k": 1000,
+    "stop_count": 4,
+    "stop_chars": 64,
+    "prefill_chunk": 8192,
+    "timeout_s": 300.0,
+    "seed": 2**31 - 1,
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax)
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    messages: tuple[Message, ...]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    delivery: str = "stream"
+    kv_cache: bool = True
+    prefill_chunk: int = 0  # 0 = the whole prompt in one forward pass
+    overflow: str = "reject"
+    timeout_s: float | None = None  # None = the engine's server-side limit
+
+
+class State(str, Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass
+class Request:
+    """One request's run state; owned by the engine's worker once submitted."""
+    id: str
+    params: GenerateParams
+    submitted_at: float = field(default_factory=time.monotonic)
+    state: State = State.QUEUED
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int = 0  # after the budget decision
+    cancel_cause: str | None = None  # set from any thread; the worker acts on it between steps
+
+    def ms_since_submit(self, now: float | None = None) -> float:
+        return ((now if now is not None else time.monotonic()) - self.submitted_at) * 1000.0
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _int_in(data: dict, name: str, lo: int, hi: int, default: int | None, label: str | None = None) -> int | None:
+    label = label or name
+    if name not in data or data[name] is None:
+        return default
+    value = data[name]
+    if not _is_int(value):
+        raise UserError(f"`{label}` must be an integer between {lo} and {hi}, got {json_repr(value)}", field=label)
+    if not lo <= value <= hi:
+        raise UserError(f"`{label}` must be between {lo} and {hi}, got {value}", field=label)
+    return value
+
+
+def _choice(data: dict, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = data.get(name, default)
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise UserError(f"`{name}` must be one of {allowed}, got {json_repr(value)}", field=name)
+    return value
+
+
+def json_repr(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else '"' + value[:40] + ('…"' if len(value) > 40 else '"')
+    return text[:60]
+
+
+def _messages(data: dict) -> tuple[Message, ...]:
+    raw = data.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise UserError("`messages` must be a non-empty list of {role, content} objects", field="messages")
+    if len(raw) > LIMITS["messages"]:
+        raise UserError(f"`messages` may hold at most {LIMITS['messages']} messages, got {len(raw)}", field="messages")
+    messages, total = [], 0
+    for i, item in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise UserError(f"`{where}` must be an object with `role` and `content`", field=where)
+        role, content = item.get("role"), item.get("content")
+        if role not in ROLES:
+            raise UserError(f"`{where}.role` must be one of {', '.join(ROLES)}, got {json_repr(role)}", field=f"{where}.role")
+        if not isinstance(content, str):
+            raise UserError(f"`{where}.content` must be a string, got {json_repr(content)}", field=f"{where}.content")
+        if len(content) > LIMITS["content_chars"]:
+            raise UserError(f"`{where}.content` may be at most {LIMITS['content_chars']:,} characters, got {len(content):,}",
+                            field=f"{where}.content")
+        total += len(content)
+        messages.append(Message(role, content))
+    if total > LIMITS["total_chars"]:
+        raise UserError(f"`messages` may hold at most {LIMITS['total_chars']:,} characters in all, got {total:,}", field="messages")
+    if messages[-1].role != "user" or not messages[-1].content.strip():
+        raise UserError("`messages` must end with a non-empty `user` message", field=f"messages[{len(messages) - 1}]")
+    return tuple(messages)
+
+
+def _sampling(data: dict) -> SamplingParams:
+    raw = data.get("sampling", {}) or {}
+    if not isinstance(raw, dict):
+        raise UserError("`sampling` must be an object", field="sampling")
+    temperature = raw.get("temperature", 0.0)
+    if not _is_number(temperature) or not 0.0 <= temperature <= LIMITS["temperature"]:
+        raise UserError(f"`sampling.temperature` must be a number between 0 and {LIMITS['temperature']:g}, got {json_repr(temperature)}",
+                        field="sampling.temperature")
+    top_p = raw.get("top_p", 1.0)
+    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
+        raise UserError(f"`sampling.top_p` must be in (0, 1], got {json_repr(top_p)}", field="sampling.top_p")
+    top_k = _int_in(raw, "top_k", 1, LIMITS["top_k"], None, "sampling.top_k")
+    seed = _int_in(raw, "seed", 0, LIMITS["seed"], None, "sampling.seed")
+    return SamplingParams(float(temperature), top_k, float(top_p), seed)
+
+
+def _stop(data: dict) -> tuple[str, ...]:
+    raw = data.get("stop", []) or []
+    if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+        raise UserError("`stop` must be a list of strings", field="stop")
+    if len(raw) > LIMITS["stop_count"]:
+        raise UserError(f"`stop` may hold at most {LIMITS['stop_count']} strings, got {len(raw)}", field="stop")
+    for s in raw:
+        if not 1 <= len(s) <= LIMITS["stop_chars"]:
+            raise UserError(f"each `stop` string must be 1 to {LIMITS['stop_chars']} characters, got {len(s)}", field="stop")
+    return tuple(raw)
+
+
+def _timeout(data: dict) -> float | None:
+    value = data.get("timeout_s")
+    if value is None:
+        return None
+    if not _is_number(value) or not 0 < value <= LIMITS["timeout_s"]:
+        raise UserError(f"`timeout_s` must be a number in (0, {LIMITS['timeout_s']:g}], got {json_repr(value)}", field="timeout_s")
+    return float(value)
+
+
+def _bool(data: dict, name: str, default: bool) -> bool:
+    value = data.get(name, default)
+    if not isinstance(value, bool):
+        raise UserError(f"`{name}` must be true or false, got {json_repr(value)}", field=name)
+    return value
+
+
+def parse_generate(data: Any) -> GenerateParams:
+    """Validate an untrusted `generate` payload; raise UserError naming the first bad field."""
+    if not isinstance(data, dict):
+        raise UserError("a generate request must be a JSON object", field=None)
+    return GenerateParams(
+        messages=_messages(data),
+        max_new_tokens=_int_in(data, "max_new_tokens", 1, LIMITS["max_new_tokens"], 128),
+        sampling=_sampling(data),
+        stop=_stop(data),
+        delivery=_choice(data, "delivery", DELIVERY_MODES, "stream"),
+        kv_cache=_bool(data, "kv_cache", True),
+        prefill_chunk=_int_in(data, "prefill_chunk", 0, LIMITS["prefill_chunk"], 0),
+        overflow=_choice(data, "overflow", OVERFLOW_POLICIES, "reject"),
+        timeout_s=_timeout(data),
+    )

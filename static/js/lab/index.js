@@ -1,0 +1,3 @@
+// Placeholder figure: replaced by its owner.
+export function mount(el) {}
+export function destroy() {}
