@@ -1,0 +1,74 @@
+"""A tiny deterministic stand-in for tests: a real 2-layer Llama (so the KV cache and its
+accounting are real) whose logits are steered to spell a fixed answer over a byte tokenizer.
+Not a language model: fast unit tests only ("--model fake")."""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from .tokenizer import ByteTokenizer
+
+ANSWER = "Hello from the fake model. The cache grows by one column per token \U0001F600 and then it stops."
+STEER = 6.0  # logit boost for the scripted byte: greedy follows the script, sampling sometimes strays
+
+
+class ScriptedLM(nn.Module):
+    """Runs the tiny Llama, then steers its last-position logits towards ANSWER's next byte.
+
+    The position in the answer is counted from the last `<|im_start|>assistant\\n` header, using
+    the token ids seen so far (kept beside the cache), so cache on and off give the same text."""
+
+    def __init__(self, base: LlamaForCausalLM, delay_s: float = 0.0):
+        super().__init__()
+        self.base = base
+        self.config = base.config
+        self.delay_s = delay_s
+        self.script = list(ANSWER.encode()) + [ByteTokenizer.IM_END]
+        self.header = [ByteTokenizer.IM_START, *b"assistant\n"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, **kwargs):
+        # input_ids: [1, seq]
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        out = self.base(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+        seen = getattr(past_key_values, "_fake_seen", []) if past_key_values is not None else []
+        seen = seen + input_ids[0].tolist()
+        if past_key_values is not None:
+            past_key_values._fake_seen = seen
+        bias = torch.zeros(self.config.vocab_size, dtype=out.logits.dtype)
+        bias[self._next_scripted(seen)] = STEER
+        out.logits[:, -1, :] += bias.to(out.logits.device)
+        return out
+
+    def _next_scripted(self, seen: list[int]) -> int:
+        n = len(self.header)
+        starts = [i + n for i in range(len(seen) - n, -1, -1) if seen[i:i + n] == self.header]
+        generated = len(seen) - starts[0] if starts else 0
+        return self.script[min(generated, len(self.script) - 1)]
+
+    def num_parameters(self) -> int:
+        return self.base.num_parameters()
+
+    def parameters(self, recurse: bool = True):
+        return self.base.parameters(recurse)
+
+
+def build_fake(delay_s: float = 0.0) -> tuple[ScriptedLM, ByteTokenizer]:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=ByteTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=512, bos_token_id=ByteTokenizer.IM_START,
+                         eos_token_id=ByteTokenizer.IM_END, tie_word_embeddings=True)
+    base = LlamaForCausalLM(config).eval()
+    return ScriptedLM(base, delay_s).eval(), ByteTokenizer()

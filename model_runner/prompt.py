@@ -1,0 +1,136 @@
+"""Chat messages → one token sequence via the model's own chat template, with each token's
+provenance (template marker, text the template inserted itself, or the message it came from),
+and the context-budget decision (reject, truncate history, or shrink the output)."""
+from __future__ import annotations
+
+import re
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserError
+from .request import GenerateParams, Message
+
+# A retrieved passage has no role in most chat templates: it is rendered as a user turn and
+# labelled "retrieved" by its provenance.
+TEMPLATE_ROLE = {"retrieved": "user"}
+
+
+@dataclass
+class PromptView:
+    rendered: str
+    ids: list[int]
+    tokens: list[dict[str, Any]]
+    content_tokens: int
+    template_tokens: int
+    messages: tuple[Message, ...]
+    budget: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rendered": self.rendered,
+            "tokens": self.tokens,
+            "counts": {"content": self.content_tokens, "template": self.template_tokens, "total": len(self.ids)},
+            "budget": self.budget,
+        }
+
+
+def _content_spans(rendered: str, messages: tuple[Message, ...]) -> list[tuple[int, int, int]]:
+    """(start, end, message index) of each message's content in the rendered text, found in order."""
+    spans, cursor = [], 0
+    for index, message in enumerate(messages):
+        if not message.content:
+            continue
+        start = rendered.find(message.content, cursor)
+        if start < 0:  # the template rewrote this content; its tokens count as template text
+            continue
+        spans.append((start, start + len(message.content), index))
+        cursor = start + len(message.content)
+    return spans
+
+
+def _char_labels(rendered: str, spans, messages, tokenizer) -> list[tuple[str, int | None]]:
+    """A provenance label per character. Template text is split at special markers and newlines:
+    a short piece (a role name, punctuation) is structure ("marker"); a piece of several words is
+    text the template wrote on its own ("inserted"), like a default system prompt."""
+    labels: list[tuple[str, int | None]] = [("marker", None)] * len(rendered)
+    for s, e, index in spans:
+        labels[s:e] = [(messages[index].role, index)] * (e - s)
+    specials = [tokenizer.token_bytes(i).decode("utf-8", "ignore") for i in tokenizer.special_ids]
+    splitter = re.compile("|".join([re.escape(t) for t in specials if t] + [r"\n"]))
+    pos = 0
+    for piece in splitter.split(rendered):
+        start, pos = pos, pos + len(piece)
+        if len(piece.split()) >= 2 and all(labels[i][1] is None for i in range(start, pos)):
+            labels[start:pos] = [("inserted", None)] * (pos - start)
+        match = splitter.match(rendered, pos)
+        pos = match.end() if match else pos
+    return labels
+
+
+def _source(start: int, end: int, labels) -> tuple[str, int | None]:
+    """A token's label: its content label if any character is content, else its first character's."""
+    window = labels[start:end] or [("marker", None)]
+    for label in window:
+        if label[1] is not None:
+            return label
+    return window[0]
+
+
+def render(tokenizer, messages: tuple[Message, ...]) -> PromptView:
+    chat = [{"role": TEMPLATE_ROLE.get(m.role, m.role), "content": m.content} for m in messages]
+    rendered = tokenizer.render_chat(chat)
+    ids, offsets = tokenizer.encode(rendered)
+    labels = _char_labels(rendered, _content_spans(rendered, messages), messages, tokenizer)
+    tokens, content = [], 0
+    for token_id, (start, end) in zip(ids, offsets):
+        text = rendered[start:end]
+        source, index = _source(start, end, labels)
+        content += index is not None
+        tokens.append({"id": token_id, "text": text, "start": start, "end": end, "source": source, "message": index})
+    return PromptView(rendered, ids, tokens, content, len(ids) - content, messages)
+
+
+def _overflow_message(prompt: int, new: int, window: int) -> str:
+    return (f"prompt {prompt:,} + max_new_tokens {new:,} = {prompt + new:,} > context window {window:,}; "
+            "shorten the conversation, lower max_new_tokens, or pick overflow policy "
+            "'truncate_history' or 'shrink_output'")
+
+
+def _droppable(messages: tuple[Message, ...]) -> int | None:
+    """Index of the oldest earlier turn (not a system message, not the final user message)."""
+    for i, m in enumerate(messages[:-1]):
+        if m.role in ("user", "assistant"):
+            return i
+    return None
+
+
+def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
+    """Render the prompt and apply the overflow policy; raise UserError when it cannot fit."""
+    messages, dropped = params.messages, 0
+    view = render(tokenizer, messages)
+    new = params.max_new_tokens
+    action = "none"
+    if view.prompt_tokens + new > context_window:
+        if params.overflow == "truncate_history":
+            while view.prompt_tokens + new > context_window and (i := _droppable(messages)) is not None:
+                messages = messages[:i] + messages[i + 1:]
+                dropped += 1
+                view = render(tokenizer, messages)
+            action = "truncated_history" if dropped else "none"
+        elif params.overflow == "shrink_output" and view.prompt_tokens < context_window:
+            new = context_window - view.prompt_tokens
+            action = "shrunk_output"
+    if view.prompt_tokens + new > context_window:
+        raise UserError(_overflow_message(view.prompt_tokens, new, context_window),
+                        code="context_overflow", field="max_new_tokens")
+    view.budget = {
+        "policy": params.overflow, "action": action, "prompt_tokens": view.prompt_tokens,
+        "max_new_tokens": new, "requested_max_new_tokens": params.max_new_tokens,
+        "total": view.prompt_tokens + new, "context_window": context_window, "dropped_messages": dropped,
+    }
+    return view
