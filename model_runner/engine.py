@@ -153,7 +153,7 @@ class Engine:
         try:
             if self.loaded is None:
                 self.loaded = load(self.config.model, self.config.device, self.config.dtype,
-                                   progress=lambda msg: log.warning("model: %s", msg))
+                                   progress=lambda msg: log.info("model: %s", msg))
             self._status = "ready"
         except Exception as exc:  # any load failure is reported, never a silent dead page
             self._status, self._reason = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
