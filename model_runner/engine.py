@@ -301,7 +301,7 @@ class Engine:
 
     def _should_stop_before_step(self, request: Request, run: _Run) -> bool:
         """Cancel or timeout, checked before every model step (so within one decode step)."""
-        state = "prefill" if run.token_times is None else "decode"
+        state = request.state.value
         if request.cancel_cause is None and self._timed_out(request) is None:
             return False
         with self._lock:
