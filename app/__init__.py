@@ -1,9 +1,13 @@
-"""The Flask application factory: pages, JSON API and WebSocket, with the engine in app.extensions."""
+"""The Flask application factory: pages, JSON API and WebSocket, with the engine in app.extensions.
+
+Configuration comes from DEFAULTS, then KVSCOPE_* environment variables (values parsed as JSON
+where they are JSON, e.g. KVSCOPE_ALLOWED_ORIGINS='["http://lab.example:8000"]'), then `test_config`.
+"""
 from __future__ import annotations
 
-import os
-
 from flask import Flask
+
+FRAME_LIMIT = 256 * 1024  # room for the 60,000-character limit even in 4-byte UTF-8
 
 DEFAULTS = {
     "MODEL": "default",  # "default" (bundled SmolLM2-135M-Instruct), "fake" (tests), a hub id or a path
@@ -11,6 +15,19 @@ DEFAULTS = {
     "DTYPE": "auto",
     "MAX_QUEUE": 64,
     "TIMEOUT_S": 120.0,
+    # Security: the address the server listens on. On a loopback address only loopback Host names
+    # are answered (DNS rebinding); ALLOWED_HOSTS replaces that list, e.g. for a LAN address.
+    "BIND_HOST": "127.0.0.1",
+    "ALLOWED_HOSTS": [],
+    "ALLOWED_ORIGINS": [],  # origins allowed besides the page's own, e.g. ["http://lab.example:8000"]
+    # WebSocket limits
+    "SOCK_SERVER_OPTIONS": {"max_message_size": FRAME_LIMIT, "ping_interval": 20},
+    "MAX_INFLIGHT_PER_SOCKET": 4,
+    "MAX_SOCKETS": 96,  # keep below gunicorn's thread count (128 in `kvscope serve`) so pages still load
+    "SEND_TIMEOUT_S": 30.0,  # a client that reads nothing for this long is dropped (cause slow_client)
+    "WS_IDLE_TIMEOUT_S": 600.0,
+    "MAX_CONTENT_LENGTH": FRAME_LIMIT,
+    "LOG_LEVEL": "INFO",
 }
 
 
@@ -20,8 +37,12 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.config.from_prefixed_env("KVSCOPE")  # e.g. KVSCOPE_MODEL=fake
     if test_config:
         app.config.from_mapping(test_config)
+    app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import engine_ext, pages
+    from . import api, engine_ext, pages, security, ws
     engine_ext.init_app(app)
+    security.init_app(app)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(api.bp)
+    ws.init_app(app)
     return app

@@ -1,3 +1,282 @@
-// Placeholder figure: replaced by its owner.
-export function mount(el) {}
-export function destroy() {}
+// The walkthrough figure. mount(el) loads the recorded trace, shows the stage the reader has scrolled
+// to, and wires the controls, `#stage-…` deep links, live runs ("Run it for real") and the lab's
+// `kvscope:replay-trace` event; destroy() undoes all of it. The state shown is always
+// figureState(stage index, run): nothing accumulates, so going back restores a stage exactly.
+import { parseTrace, deriveRun, makeTrace } from '../trace.js';
+import { runRequest } from '../ws-client.js';
+import { currentModel } from '../model-status.js';
+import { STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, schematicRun, fmtMs } from './stages.js';
+import { createFigure } from './figure.js';
+import { observeSteps, scrollToStep } from './scroll.js';
+
+const TRACE_URL = new URL('../../data/trace-example.json', import.meta.url);
+const PLAY_EVERY_MS = 4000;
+const NEXT_KEYS = new Set(['ArrowRight', 'ArrowDown', 'PageDown']);
+const PREV_KEYS = new Set(['ArrowLeft', 'ArrowUp', 'PageUp']);
+
+let ctx = null;
+
+function listen(target, type, fn, opts) {
+  target.addEventListener(type, fn, opts);
+  ctx.cleanups.push(() => target.removeEventListener(type, fn, opts));
+}
+
+function render() {
+  const { index, run, source, dom } = ctx;
+  ctx.figure.render(figureState(index, run, source), run);
+  dom.list.forEach((b, i) => (i === index ? b.setAttribute('aria-current', 'step') : b.removeAttribute('aria-current')));
+  dom.steps.forEach((s, i) => s.classList.toggle('is-active', i === index));
+  dom.prev.disabled = index === 0;
+  dom.next.disabled = index === LAST;
+}
+
+function showFacts() {
+  const facts = storyFacts(ctx.run);
+  for (const node of ctx.el.querySelectorAll('[data-fact]')) node.textContent = facts[node.dataset.fact] ?? '—';
+  const prov = ctx.run.measured ? 'measured' : 'schematic';
+  for (const tag of ctx.el.querySelectorAll('[data-prov]')) {
+    tag.className = `tag tag-${prov}`;
+    tag.textContent = prov;
+  }
+}
+
+function setRun(run, source) {
+  ctx.run = run;
+  ctx.source = source;
+  showFacts();
+  render();
+}
+
+// Moves to a stage. `scroll` brings its story step to the reading line; `hash` records a deep link.
+function setStage(i, { scroll = false, hash = false } = {}) {
+  const index = clampStage(i);
+  const changed = index !== ctx.index;
+  ctx.index = index;
+  if (changed) render();
+  if (scroll) scrollToStep(ctx.dom.steps[index]);
+  if (hash) history.replaceState(null, '', `#stage-${STAGES[index].name}`);
+}
+
+// A stage chosen with the controls: stops auto-play and event-following, scrolls the story along.
+function jump(i) {
+  stopPlay();
+  ctx.follow = false;
+  setStage(i, { scroll: true, hash: true });
+}
+
+function onScrolledTo(i) {
+  if (i === ctx.index) return;
+  // The reader scrolled somewhere else: stop steering the page.
+  stopPlay();
+  ctx.follow = false;
+  setStage(i);
+}
+
+// ---- play / pause --------------------------------------------------------------------------------
+
+function stopPlay() {
+  clearTimeout(ctx.playTimer);
+  ctx.playTimer = null;
+  ctx.dom.play.setAttribute('aria-pressed', 'false');
+  ctx.dom.play.textContent = 'Play';
+}
+
+function tick() {
+  if (ctx.index >= LAST) { stopPlay(); return; }
+  setStage(ctx.index + 1, { scroll: true });
+  ctx.playTimer = setTimeout(tick, PLAY_EVERY_MS);
+}
+
+function togglePlay() {
+  if (ctx.playTimer) { stopPlay(); return; }
+  ctx.dom.play.setAttribute('aria-pressed', 'true');
+  ctx.dom.play.textContent = 'Pause';
+  if (ctx.index >= LAST) setStage(0, { scroll: true });
+  ctx.playTimer = setTimeout(tick, PLAY_EVERY_MS);
+}
+
+// ---- sources: recorded trace, live run, a run from the lab ---------------------------------------
+
+function say(text) {
+  ctx.dom.status.textContent = text;
+}
+
+async function loadRecorded() {
+  try {
+    const res = await fetch(TRACE_URL);
+    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    const trace = parseTrace(await res.json());
+    if (!ctx) return;
+    ctx.recorded = trace;
+    if (ctx.source === 'schematic') setRun(deriveRun(trace), trace.synthetic ? 'schematic' : 'recorded');
+    updateRunButton();
+  } catch (err) {
+    if (ctx) say(`The recorded run could not be loaded (${err.message}); the figure shows schematic shapes.`);
+  }
+}
+
+async function modelFacts() {
+  const known = currentModel();
+  if (known && known.facts) return known.facts;
+  const res = await fetch('/api/model');
+  return (await res.json()).facts || {};
+}
+
+// The rendered prompt of the example, from the running model's tokenizer. The recorded trace holds
+// the same request, so its prompt stands in if /api/prompt cannot answer.
+async function promptFor(request) {
+  try {
+    const res = await fetch('/api/prompt', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(request),
+    });
+    if (res.ok) return await res.json();
+  } catch { /* fall through to the recorded prompt */ }
+  return ctx.recorded.prompt;
+}
+
+function onLiveEvent(trace, event) {
+  if (ctx.live !== trace) return;
+  trace.events.push(event);
+  const run = deriveRun(trace);
+  ctx.run = run;
+  if (event.type === 'queued') say(`Live run: queued at position ${event.position} (${event.ahead} ahead).`);
+  if (event.type === 'prefill_start') say('Live run: prefill…');
+  if (event.type === 'token') say(`Live run: ${run.tokens.length} tokens…`);
+  const before = ctx.index;
+  if (ctx.follow) setStage(stageForPhase(run.phase), { scroll: true });
+  if (ctx.index === before) render();
+}
+
+async function runLive() {
+  if (ctx.handle || !ctx.recorded) return;
+  const { dom } = ctx;
+  stopPlay();
+  dom.run.disabled = true;
+  say('Live run: starting…');
+  const request = ctx.recorded.request;
+  let model;
+  let prompt;
+  try {
+    [model, prompt] = await Promise.all([modelFacts(), promptFor(request)]);
+  } catch (err) {
+    say(`Live run: the server did not answer (${err.message}).`);
+    updateRunButton();
+    return;
+  }
+  if (!ctx) return;
+  const trace = makeTrace({ model, request, prompt, events: [] });
+  ctx.live = trace;
+  ctx.follow = true;
+  setRun(deriveRun(trace), 'live');
+  dom.stop.hidden = false;
+  dom.back.hidden = true;
+  ctx.handle = runRequest(request, { onEvent: (ev) => onLiveEvent(trace, ev) });
+  const last = await ctx.handle.done;
+  if (!ctx || ctx.live !== trace) return;
+  if (last.code === 'connection_lost') onLiveEvent(trace, { ...last, t_ms: lastTime(trace) });
+  ctx.handle = null;
+  ctx.follow = false;
+  dom.stop.hidden = true;
+  dom.back.hidden = false;
+  updateRunButton();
+  setRun(deriveRun(trace), 'live');
+  say(last.type === 'finished' ? `Live run finished (${last.reason}) in ${fmtMs(last.t_ms)}.`
+    : `Live run ended early: ${last.type === 'error' ? last.message : 'cancelled'}. The answer is incomplete.`);
+}
+
+const lastTime = (trace) => (trace.events.length ? trace.events[trace.events.length - 1].t_ms : 0);
+
+function stopLive() {
+  if (ctx.handle) ctx.handle.cancel();
+}
+
+function showRecorded() {
+  if (!ctx.recorded || ctx.handle) return;
+  ctx.live = null;
+  ctx.dom.back.hidden = true;
+  say('');
+  setRun(deriveRun(ctx.recorded), ctx.recorded.synthetic ? 'schematic' : 'recorded');
+}
+
+function onReplayTrace(event) {
+  if (ctx.handle) { say('A live run is in progress; the lab run will show when it ends.'); return; }
+  try {
+    const trace = parseTrace(event.detail);
+    ctx.live = null;
+    stopPlay();
+    ctx.follow = false;
+    setRun(deriveRun(trace), 'imported');
+    ctx.dom.back.hidden = false;
+    say(`Showing a run from the lab (${trace.events.length} events).`);
+    setStage(LAST, { scroll: true });
+  } catch (err) {
+    say(`Could not show that run: ${err.message}`);
+  }
+}
+
+function updateRunButton(info = currentModel()) {
+  const ready = !!(info && info.status === 'ready');
+  ctx.dom.run.disabled = !ready || !ctx.recorded || !!ctx.handle;
+  ctx.dom.run.title = ready ? 'Send the example request to the model now' : 'Waiting for the model to load';
+}
+
+// ---- wiring ----------------------------------------------------------------------------------------
+
+function onKey(event) {
+  if (event.altKey || event.ctrlKey || event.metaKey) return;
+  let target = null;
+  if (NEXT_KEYS.has(event.key)) target = ctx.index + 1;
+  else if (PREV_KEYS.has(event.key)) target = ctx.index - 1;
+  else if (event.key === 'Home') target = 0;
+  else if (event.key === 'End') target = LAST;
+  if (target === null) return;
+  event.preventDefault();
+  jump(target);
+}
+
+function stageFromHash() {
+  const m = /^#stage-([a-z-]+)$/.exec(location.hash);
+  return m ? stageIndex(m[1]) : -1;
+}
+
+export function mount(el) {
+  destroy();
+  const q = (sel) => el.querySelector(sel);
+  const dom = {
+    figure: q('.wt-figure'), sticky: q('.wt-sticky'), prev: q('.wt-prev'), next: q('.wt-next'), play: q('.wt-play'),
+    run: q('.wt-run'), stop: q('.wt-stop'), back: q('.wt-back'), status: q('.wt-run-status'),
+    list: [...el.querySelectorAll('.wt-stage-list button')], steps: [...el.querySelectorAll('.wt-step')],
+  };
+  ctx = { el, dom, index: 0, run: schematicRun(), source: 'schematic', recorded: null, live: null,
+    handle: null, follow: false, playTimer: null, cleanups: [] };
+  ctx.figure = createFigure(dom.figure);
+  showFacts();
+  render();
+
+  listen(dom.prev, 'click', () => jump(ctx.index - 1));
+  listen(dom.next, 'click', () => jump(ctx.index + 1));
+  listen(dom.play, 'click', togglePlay);
+  listen(dom.run, 'click', runLive);
+  listen(dom.stop, 'click', stopLive);
+  listen(dom.back, 'click', showRecorded);
+  dom.list.forEach((b) => listen(b, 'click', () => jump(stageIndex(b.dataset.stage))));
+  listen(dom.sticky, 'keydown', onKey);
+  listen(window, 'hashchange', () => { const i = stageFromHash(); if (i >= 0) jump(i); });
+  listen(document, 'kvscope:model', (e) => updateRunButton(e.detail));
+  listen(document, 'kvscope:replay-trace', onReplayTrace);
+  ctx.cleanups.push(observeSteps(dom.steps, onScrolledTo));
+
+  const linked = stageFromHash();
+  if (linked >= 0) setStage(linked, { scroll: true });
+  updateRunButton();
+  loadRecorded();
+}
+
+export function destroy() {
+  if (!ctx) return;
+  stopPlay();
+  if (ctx.handle) ctx.handle.cancel();
+  ctx.cleanups.forEach((undo) => undo());
+  ctx.figure.destroy();
+  ctx = null;
+}

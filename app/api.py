@@ -1,0 +1,61 @@
+"""The JSON API: model status and facts, prompt preview (template, tokens, budget), health.
+
+Every error answer is `{code, field, message}`, the same shape as the WebSocket `error` event.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from model_runner.errors import UserError
+from model_runner.request import LIMITS, parse_generate
+
+from .engine_ext import get_engine
+from .security import origin_refusal
+from .session import parse_json_object
+
+bp = Blueprint("api", __name__)
+
+STATUS_FOR_CODE = {"model_loading": 503, "model_failed": 503, "overloaded": 503, "internal": 500, "too_large": 413}
+
+
+@bp.errorhandler(UserError)
+def _user_error(exc: UserError):
+    response = jsonify({"code": exc.code, "field": exc.field, "message": exc.message})
+    response.status_code = STATUS_FOR_CODE.get(exc.code, 400)
+    return response
+
+
+@bp.errorhandler(RequestEntityTooLarge)
+def _too_large(exc):
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    return _user_error(UserError(f"the request body may be at most {limit:,} bytes", code="too_large"))
+
+
+@bp.get("/api/model")
+def model():
+    engine = get_engine()
+    state = engine.status()
+    facts = engine.facts if state["status"] == "ready" else None
+    return jsonify({"status": state["status"], "reason": state.get("reason"),
+                    "facts": facts.to_dict() if facts is not None else None, "limits": LIMITS})
+
+
+@bp.post("/api/prompt")
+def prompt():
+    """What `generate` would send to the model, without generating; the page calls it as you type."""
+    refusal = origin_refusal(required=False)
+    if refusal is not None:
+        return refusal
+    if not request.is_json:
+        raise UserError("send the conversation as JSON (Content-Type: application/json)", code="invalid_json")
+    params = parse_generate(parse_json_object(request.get_data(as_text=True)))
+    return jsonify(get_engine().describe_prompt(params))  # raises model_loading / model_failed itself
+
+
+@bp.get("/healthz")
+def healthz():
+    ok, why = get_engine().health()
+    response = jsonify({"ok": ok, "why": why, "status": get_engine().status()["status"]})
+    response.status_code = 200 if ok else 503
+    return response

@@ -1,0 +1,256 @@
+"""One WebSocket's side of the protocol (docs/protocol.md), independent of Flask.
+
+`run_session(ws, engine, settings)` reads frames until the socket closes: each `generate` is checked
+and submitted to the engine, and one pump thread per request forwards that request's events to the
+socket under a single send lock, so the engine's worker never calls `send` and never waits on a
+client. When the socket ends, every request still in flight is cancelled (cause `disconnect`).
+`ws` needs `receive(timeout)`, `send(text)` and `close(reason, message)`, as simple-websocket has.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from simple_websocket import ConnectionClosed
+from wsproto.utilities import LocalProtocolError
+
+from model_runner.errors import UserError
+from model_runner.events import Error, Event
+from model_runner.request import json_repr, parse_generate
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}\Z")
+# What a dead or stuck socket raises from send: closed by the peer, reset, or the send timed out.
+SEND_FAILURES = (ConnectionClosed, OSError, LocalProtocolError)
+CLOSE_NORMAL = 1000
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    max_inflight: int = 4  # requests one socket may have in flight at once
+    idle_timeout_s: float = 600.0  # close a socket with nothing in flight and no frame for this long
+    poll_s: float = 0.5  # how often blocked loops look up to see whether the socket has ended
+    drain_s: float = 30.0  # after the socket ends, how long a pump waits for its request's last event
+
+
+def run_session(ws, engine, settings: SessionSettings = SessionSettings(), peer: str = "") -> None:
+    Session(ws, engine, settings, peer).run()
+
+
+def parse_json_object(text: Any) -> dict:
+    """Decode one client message; raise UserError(code="invalid_json") unless it is a JSON object.
+
+    Python's json accepts NaN and Infinity: they pass here so the field check can name the field.
+    A lone surrogate escape ("\\ud800") decodes to a str that cannot be encoded as UTF-8 later, in
+    the tokenizer or on the way back out, so it is refused here.
+    """
+    if not isinstance(text, str):
+        raise UserError("binary frames are not accepted: send JSON in a text frame", code="invalid_json")
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise UserError("the JSON is nested too deeply", code="invalid_json") from None
+    except ValueError as exc:
+        raise UserError(f"the message is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise UserError("the message must be a JSON object with a `type`", code="invalid_json")
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError("the JSON contains an unpaired surrogate escape (\\ud800–\\udfff)", code="invalid_json") from None
+    return data
+
+
+def error_event(request_id: str | None, exc: UserError) -> Error:
+    return Error(request_id=request_id, t_ms=0.0, code=exc.code, message=exc.message, field=exc.field)
+
+
+class Session:
+    def __init__(self, ws, engine, settings: SessionSettings, peer: str = ""):
+        self.ws = ws
+        self.engine = engine
+        self.settings = settings
+        self.peer = peer or "?"
+        self._send_lock = threading.Lock()
+        self._open = True  # False once the socket has failed or the session ended (set under _send_lock)
+        self._end_cause = "disconnect"
+        self._lock = threading.Lock()  # guards _inflight
+        self._inflight: dict[str, Any] = {}  # request id → RequestHandle, until its terminal event
+
+    # ---- the reader loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        last_active = time.monotonic()
+        try:
+            while self._open:
+                frame = self.ws.receive(timeout=self.settings.poll_s)
+                now = time.monotonic()
+                if frame is not None or self._inflight:
+                    last_active = now
+                if frame is not None:
+                    self.handle_frame(frame)
+                elif now - last_active > self.settings.idle_timeout_s:
+                    self._close(CLOSE_NORMAL, f"idle for {self.settings.idle_timeout_s:g} s")
+        except SEND_FAILURES:
+            pass  # the client went away: the normal end of a session
+        finally:
+            self._end()
+
+    def handle_frame(self, frame: Any) -> None:
+        try:
+            data = parse_json_object(frame)
+        except UserError as exc:
+            self._send_error(None, exc)
+            return
+        kind = data.get("type")
+        try:
+            if kind == "generate":
+                self._generate(data)
+            elif kind == "cancel":
+                self._cancel(data)
+            else:
+                self._send_error(None, UserError(f"`type` must be 'generate' or 'cancel', got {json_repr(kind)}",
+                                                 field="type"))
+        except Exception:  # a bug met by one odd frame must not take the socket and its other requests down
+            log.exception("ws %s: handling a %r frame failed", self.peer, kind)
+            self._send_error(None, UserError("the server failed to handle this message", code="internal"))
+
+    def _request_id(self, data: dict) -> str | None:
+        rid = data.get("request_id")
+        if isinstance(rid, str) and REQUEST_ID_RE.match(rid):
+            return rid
+        self._send_error(None, UserError(
+            f"`request_id` must be 1 to 64 characters of A-Z a-z 0-9 _ . : -, got {json_repr(rid)}", field="request_id"))
+        return None
+
+    def _generate(self, data: dict) -> None:
+        rid = self._request_id(data)
+        if rid is None:
+            return
+        with self._lock:
+            busy, count = rid in self._inflight, len(self._inflight)
+        if busy:  # answering with this id would look like the end of the request that holds it
+            self._send_error(None, UserError(f"`request_id` {json_repr(rid)} is already in flight on this socket",
+                                             field="request_id"))
+            return
+        if count >= self.settings.max_inflight:
+            self._send_error(rid, UserError(
+                f"at most {self.settings.max_inflight} requests may be in flight on one socket; "
+                "wait for one to end or cancel one", code="too_many_requests"))
+            return
+        try:
+            params = parse_generate(data)
+            handle = self.engine.submit(params, rid)
+        except UserError as exc:
+            self._send_error(rid, exc)
+            return
+        except Exception:
+            log.exception("ws %s: submitting request %s failed", self.peer, rid)
+            self._send_error(rid, UserError("the server failed to start this request", code="internal"))
+            return
+        with self._lock:
+            self._inflight[rid] = handle
+        threading.Thread(target=self._pump, args=(rid, handle), name=f"kvscope-pump-{rid}", daemon=True).start()
+
+    def _cancel(self, data: dict) -> None:
+        rid = self._request_id(data)
+        if rid is None:
+            return
+        with self._lock:
+            handle = self._inflight.get(rid)
+        # A request that is not in flight has ended: its one terminal event is sent or on its way.
+        if handle is not None:
+            handle.cancel(cause="client")
+
+    # ---- per-request pumps ---------------------------------------------------------------------
+
+    def _pump(self, rid: str, handle) -> None:
+        """Forward one request's events until its terminal event; after the socket ends, keep
+        draining (without sending) so the engine's outcome of the cancel is logged."""
+        last: Event | None = None
+        drain_until = None
+        try:
+            while last is None or not last.terminal:
+                event = handle.next_event(timeout=self.settings.poll_s)
+                if event is None:
+                    if not self._open:
+                        drain_until = drain_until or time.monotonic() + self.settings.drain_s
+                        if time.monotonic() > drain_until:
+                            break
+                    continue
+                last = event
+                if event.terminal:
+                    self._forget(rid)  # before sending: a client that saw the end may reuse the slot at once
+                self._send(event.to_json())
+        except Exception:
+            log.exception("ws %s: forwarding request %s failed", self.peer, rid)
+            handle.cancel(cause="disconnect")
+        finally:
+            self._forget(rid)
+            log.info("ws %s: request %s ended: %s", self.peer, rid, describe_end(last))
+
+    def _forget(self, rid: str) -> None:
+        with self._lock:
+            self._inflight.pop(rid, None)
+
+    # ---- sending and ending ----------------------------------------------------------------------
+
+    def _send(self, text: str) -> bool:
+        with self._send_lock:
+            if not self._open:
+                return False
+            try:
+                self.ws.send(text)
+                return True
+            except SEND_FAILURES as exc:
+                self._open = False
+                # A send that timed out means the client stopped reading; anything else, it is gone.
+                self._end_cause = "slow_client" if isinstance(exc, (TimeoutError, BlockingIOError)) else "disconnect"
+        self._cancel_all()
+        return False
+
+    def _send_error(self, rid: str | None, exc: UserError) -> None:
+        if self._send(error_event(rid, exc).to_json()):
+            log.info("ws %s: refused %s: %s%s", self.peer, rid or "a frame", exc.code,
+                     f" ({exc.field})" if exc.field else "")
+
+    def _close(self, code: int, reason: str) -> None:
+        with self._send_lock:
+            if self._open:
+                self._open = False
+                try:
+                    self.ws.close(code, reason)
+                except SEND_FAILURES:
+                    pass
+
+    def _end(self) -> None:
+        with self._send_lock:
+            self._open = False
+        self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            handles = list(self._inflight.values())
+        for handle in handles:
+            try:
+                handle.cancel(cause=self._end_cause)
+            except Exception:
+                log.exception("ws %s: cancelling a request failed", self.peer)
+
+
+def describe_end(event: Event | None) -> str:
+    """One log phrase for how a request ended."""
+    if event is None or not event.terminal:
+        return "no terminal event (the engine did not answer the cancel in time)"
+    d = event.to_dict()
+    if d["type"] == "finished":
+        return f"finished ({d['reason']}, {d['tokens']} tokens)"
+    if d["type"] == "cancelled":
+        return f"cancelled ({d['cause']}, in {d['state']}, {d['tokens']} tokens)"
+    return f"error ({d['code']})"

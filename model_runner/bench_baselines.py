@@ -1,0 +1,223 @@
+"""What the engine is held to, on the same model object: a bare greedy loop (model + DynamicCache +
+argmax, the floor), transformers `generate` with a TextIteratorStreamer read from another thread
+(what a user writes by hand), and the machine's ceilings (memory copy bandwidth, matmul FLOP/s),
+plus the estimates that relate a measured time to those ceilings."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .bench_stats import percentile
+
+now = time.monotonic
+
+
+@dataclass
+class LoopRun:
+    """One baseline generation: token ids, and the stamp taken as each token became known."""
+    name: str
+    token_ids: list[int] = field(default_factory=list)
+    start: float = 0.0
+    token_at: list[float] = field(default_factory=list)
+    end: float = 0.0  # the caller holds the whole answer
+
+    @property
+    def prefill_ms(self) -> float | None:
+        return (self.token_at[0] - self.start) * 1000 if self.token_at else None
+
+    @property
+    def step_ms(self) -> list[float]:
+        return [(b - a) * 1000 for a, b in zip(self.token_at, self.token_at[1:])]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        span = self.end - self.start
+        return len(self.token_ids) / span if self.token_ids and span > 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        return summary(len(self.token_ids), self.prefill_ms, self.step_ms, self.tokens_per_s)
+
+
+def summary(tokens: int, prefill_ms: float | None, steps: list[float], tokens_per_s: float | None) -> dict[str, Any]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+    return {"tokens": tokens, "prefill_ms": r(prefill_ms), "step_ms_median": r(percentile(steps, 50)),
+            "tokens_per_s": r(tokens_per_s)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> LoopRun:
+    """The floor: prefill, then one forward + argmax per token, stopping at an end token like the engine."""
+    from transformers import DynamicCache
+    device = model.device
+    run = LoopRun("bare_loop")
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, prompt]
+        run.start = now()
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits  # [1, 1, vocab]
+        while True:
+            token = int(logits[0, -1].argmax())  # int() waits for the device: the step is really done
+            run.token_ids.append(token)
+            run.token_at.append(now())
+            if token in eos_ids or len(run.token_ids) >= max_new_tokens:
+                break
+            step = torch.tensor([[token]], dtype=torch.long, device=device)  # [1, 1]
+            logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits
+    run.end = now()
+    return run
+
+
+def generate_streamer_unavailable(model, hf_tokenizer) -> str | None:
+    """Why the generate baseline cannot run on this model (the test model has no generate()), or None."""
+    if not hasattr(model, "generate"):
+        return "this model has no transformers generate() (the fake test model)"
+    if hf_tokenizer is None:
+        return "this model's tokenizer is not a transformers tokenizer"
+    return None
+
+
+def generate_with_streamer(model, hf_tokenizer, messages: list[dict[str, str]], max_new_tokens: int,
+                           eos_ids: frozenset[int]) -> LoopRun:
+    """transformers generate() on a thread, its TextIteratorStreamer read here, greedy, as its docs
+    show. The clock starts before the chat template is applied, as the engine's starts at submit."""
+    from transformers import TextIteratorStreamer
+    run = LoopRun("generate_streamer")
+
+    class StampingStreamer(TextIteratorStreamer):
+        """Notes when each generated token reaches the streamer (one clock read per token)."""
+        def put(self, value):
+            if not self.next_tokens_are_prompt:
+                run.token_at.append(now())
+            super().put(value)
+
+    result: dict[str, Any] = {}
+
+    def work(**kwargs) -> None:
+        try:
+            result["out"] = model.generate(**kwargs)
+        except BaseException as exc:  # surfaced in the caller's thread below
+            result["error"] = exc
+            streamer.end()
+
+    with torch.inference_mode():
+        run.start = now()
+        inputs = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                  return_dict=True).to(model.device)
+        streamer = StampingStreamer(hf_tokenizer, skip_prompt=True, skip_special_tokens=True)
+        eos = sorted(eos_ids)
+        thread = threading.Thread(target=work, name="bench-generate", kwargs=dict(
+            **inputs, streamer=streamer, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
+            top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0]))
+        thread.start()
+        for _ in streamer:  # the caller reads the text as it comes
+            pass
+        thread.join()
+        run.end = now()
+    if "error" in result:
+        raise result["error"]
+    prompt_len = inputs["input_ids"].shape[1]
+    run.token_ids = result["out"][0, prompt_len:].tolist()
+    return run
+
+
+# ---- the machine's ceilings --------------------------------------------------------------------
+
+def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 7) -> dict[str, Any]:
+    """Best-of-N copy of a large buffer into a second, already touched one; bytes read plus written."""
+    n = mib * 1024 * 1024 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)  # both written once, so no page faults are timed
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    moved = 2 * src.nbytes
+    return {"what": f"copy of a {mib} MiB buffer, best of {repeats}; bytes read + bytes written",
+            "bytes": moved, "best_s": round(best, 6), "gb_per_s": round(moved / best / 1e9, 3)}
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 7) -> dict[str, Any]:
+    """Best-of-N square matmul in the model's dtype: 2n^3 floating-point operations."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b  # first call pays for kernel selection and allocation
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return {"what": f"{n}x{n} {str(dtype).removeprefix('torch.')} matmul, best of {repeats}",
+            "flops": 2 * n ** 3, "best_s": round(best, 6), "gflop_per_s": round(2 * n ** 3 / best / 1e9, 3)}
+
+
+# ---- estimates (computed from the model's shape, not measured) ----------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimates need from the model: sizes, and whether the output layer reuses the embedding."""
+    params: int
+    weights_bytes: int
+    layers: int
+    attention_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    bytes_per_element: int
+    kv_bytes_per_token: int
+    tied_embeddings: bool
+
+    @classmethod
+    def of(cls, facts, model_config) -> "Shape":
+        return cls(facts.params, facts.weights_bytes, facts.layers, facts.attention_heads, facts.head_dim,
+                   facts.hidden_size, facts.vocab_size, facts.bytes_per_element, facts.kv_bytes_per_token,
+                   bool(getattr(model_config, "tie_word_embeddings", False)))
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def prefill_flops(self, tokens: int) -> float:
+        """2 x (non-embedding parameters) per token, plus attention's scores and weighted sum (causal:
+        about T^2/2 pairs, each 2 x d for QK and 2 x d for AV), plus one row of output logits."""
+        non_embedding = self.params - self.embedding_params * (1 if self.tied_embeddings else 2)
+        attention = 2 * self.layers * tokens * tokens * self.attention_heads * self.head_dim
+        return 2 * non_embedding * tokens + attention + 2 * self.embedding_params
+
+    def decode_bytes(self, context: int) -> float:
+        """Bytes one decode step must read: every weight once (an untied input embedding only reads
+        one row, so it is left out) plus the whole KV cache at this context length."""
+        unread = 0 if self.tied_embeddings else self.embedding_params * self.bytes_per_element
+        return self.weights_bytes - unread + self.kv_bytes_per_token * context
+
+
+def estimates(shape: Shape, ceilings: dict[str, Any], prompt_tokens: int, prefill_ms: float | None,
+              step_ms: float | None, context: float) -> dict[str, Any]:
+    """Achieved prefill FLOP/s and decode bandwidth (computed from measured times), and their
+    fractions of the machine's measured matmul rate and copy bandwidth."""
+    out: dict[str, Any] = {"prefill_gflop_per_s": None, "prefill_fraction_of_matmul": None,
+                           "decode_gb_per_s": None, "decode_fraction_of_copy": None}
+    if prefill_ms:
+        rate = shape.prefill_flops(prompt_tokens) / (prefill_ms / 1000) / 1e9
+        out["prefill_gflop_per_s"] = round(rate, 3)
+        out["prefill_fraction_of_matmul"] = round(rate / ceilings["matmul_gflop_per_s"], 4)
+    if step_ms:
+        rate = shape.decode_bytes(round(context)) / (step_ms / 1000) / 1e9
+        out["decode_gb_per_s"] = round(rate, 3)
+        out["decode_fraction_of_copy"] = round(rate / ceilings["copy_gb_per_s"], 4)
+    return out

@@ -1,0 +1,232 @@
+"""Clients that drive the engine the way users do and time what they receive: in-process (one
+thread per client reading its RequestHandle) or over the real WebSocket protocol (one socket per
+client). Every request becomes a RequestRecord, and one that fails, times out or is cancelled is
+recorded with its outcome, never dropped."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from .errors import UserError
+from .request import parse_generate
+
+now = time.monotonic  # one clock for everything: the engine stamps its events with it too
+STALL_S = 900.0  # a client gives up when no event at all arrives for this long (the bench never hangs)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One client's request: a `generate` payload, and optionally a cancel after some tokens."""
+    payload: dict
+    cancel_after_tokens: int | None = None
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    outcome: str = "error"  # completed | timeout | cancelled | error
+    reason: str | None = None  # finish reason, cancel cause or error code
+    message: str | None = None
+    prompt_tokens: int | None = None
+    sent: float | None = None  # client clock when the request left
+    server_zero: float | None = None  # client-clock time of the server's t_ms = 0 (upper bound over a socket)
+    token_at: list[float] = field(default_factory=list)
+    token_t_ms: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    end_at: float | None = None
+    server_metrics: dict | None = None
+
+    # ---- what the client saw (None when it never saw it) -------------------------------------
+
+    def _since_sent(self, t: float | None) -> float | None:
+        return None if t is None or self.sent is None else (t - self.sent) * 1000
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return self._since_sent(self.token_at[0]) if self.token_at else None
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return self._since_sent(self.end_at)
+
+    @property
+    def itl_ms(self) -> list[float]:
+        return [(b - a) * 1000 for a, b in zip(self.token_at, self.token_at[1:])]
+
+    @property
+    def tpot_ms(self) -> float | None:
+        n = len(self.token_at)
+        return (self.e2e_ms - self.ttft_ms) / (n - 1) if n > 1 and self.end_at else None
+
+    @property
+    def queue_ms(self) -> float | None:
+        return (self.server_metrics or {}).get("queue_ms")
+
+    @property
+    def prefill_ms(self) -> float | None:
+        return (self.server_metrics or {}).get("prefill_ms")
+
+    @property
+    def engine_itl_ms(self) -> list[float]:
+        """Gaps between token stamps taken by the engine's worker: its whole per-token loop."""
+        return list((self.server_metrics or {}).get("itl_ms") or [])
+
+    @property
+    def delivery_ms(self) -> list[float]:
+        if self.server_zero is None:
+            return []
+        return [(at - self.server_zero) * 1000 - t for at, t in zip(self.token_at, self.token_t_ms)]
+
+    def observe(self, event: Any, at: float) -> bool:
+        """Take one event (an engine Event, or a namespace over a JSON event); True when terminal."""
+        kind = event.type
+        if kind == "accepted":
+            self.prompt_tokens = event.prompt_tokens
+        elif kind == "token":
+            self.token_at.append(at)
+            self.token_t_ms.append(event.t_ms)
+            self.token_ids.append(event.id)
+            self.step_ms.append(event.step_ms)
+        elif kind in ("finished", "cancelled", "error"):
+            self.end_at = at
+            if kind == "finished":
+                self.outcome = "timeout" if event.reason == "timeout" else "completed"
+                self.reason, self.server_metrics = event.reason, event.metrics
+            elif kind == "cancelled":
+                self.outcome, self.reason, self.server_metrics = "cancelled", event.cause, event.metrics
+            else:
+                self.outcome, self.reason, self.message = "error", event.code, event.message
+            return True
+        return False
+
+    def fail(self, code: str, message: str) -> None:
+        self.outcome, self.reason, self.message = "error", code, message
+        self.end_at = self.end_at or now()
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 3)
+        return {"request_id": self.request_id, "outcome": self.outcome, "reason": self.reason,
+                "message": self.message, "prompt_tokens": self.prompt_tokens, "output_tokens": len(self.token_ids),
+                "queue_ms": r(self.queue_ms), "prefill_ms": r(self.prefill_ms), "ttft_ms": r(self.ttft_ms),
+                "tpot_ms": r(self.tpot_ms), "e2e_ms": r(self.e2e_ms), "itl_ms": [r(x) for x in self.itl_ms]}
+
+
+class Client(Protocol):
+    def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord: ...
+
+
+class InProcessClient:
+    """Reads the engine's RequestHandle directly, as the WebSocket session's pump thread does."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord:
+        record = RequestRecord(request_id)
+        try:
+            params = parse_generate(job.payload)
+        except UserError as exc:
+            go.wait()
+            record.fail(exc.code, exc.message)
+            return record
+        go.wait()
+        record.sent = now()
+        try:
+            handle = self.engine.submit(params, request_id)
+        except UserError as exc:  # refused at the door (queue full, prompt too long): still counted
+            record.fail(exc.code, exc.message)
+            return record
+        record.server_zero = handle.request.submitted_at
+        cancelled = False
+        while True:
+            event = handle.next_event(timeout=STALL_S)
+            if event is None:
+                handle.cancel()
+                record.fail("stalled", f"no event for {STALL_S:.0f} s")
+                return record
+            if record.observe(event, now()):
+                return record
+            if not cancelled and _due(job, record):
+                handle.cancel()
+                cancelled = True
+
+
+class WebSocketClient:
+    """One socket per client on a running `kvscope serve`, sending the Origin a browser would."""
+
+    def __init__(self, url: str):
+        self.url = url
+        parts = urlsplit(url)
+        self.origin = f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
+
+    def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord:
+        from websockets.sync.client import connect
+        record = RequestRecord(request_id)
+        try:
+            ws = connect(self.url, origin=self.origin, open_timeout=30, max_size=None, compression=None)
+        except Exception as exc:  # counted as a failed request, with the reason
+            go.wait()
+            record.fail("connect_failed", f"{type(exc).__name__}: {exc}")
+            return record
+        with ws:
+            go.wait()
+            record.sent = record.server_zero = now()
+            ws.send(json.dumps({"type": "generate", "request_id": request_id, **job.payload}))
+            cancelled = False
+            while True:
+                try:
+                    raw = ws.recv(timeout=STALL_S)
+                except TimeoutError:
+                    record.fail("stalled", f"no event for {STALL_S:.0f} s")
+                    return record
+                except Exception as exc:
+                    record.fail("connection_lost", f"{type(exc).__name__}: {exc}")
+                    return record
+                at = now()
+                data = json.loads(raw)
+                if data.get("request_id") not in (request_id, None):
+                    continue
+                if record.observe(SimpleNamespace(**{"metrics": None, **data}), at):
+                    return record
+                if not cancelled and _due(job, record):
+                    ws.send(json.dumps({"type": "cancel", "request_id": request_id}))
+                    cancelled = True
+
+
+def _due(job: Job, record: RequestRecord) -> bool:
+    return job.cancel_after_tokens is not None and len(record.token_ids) >= job.cancel_after_tokens
+
+
+def run_jobs(client: Client, jobs: list[Job], prefix: str) -> tuple[list[RequestRecord], float]:
+    """Run the jobs as concurrent clients, released together; (records in job order, wall seconds
+    from the first send to the last terminal event)."""
+    records: list[RequestRecord | None] = [None] * len(jobs)
+    go = threading.Barrier(len(jobs), timeout=120)  # a client that dies before sending breaks it, not hangs it
+
+    def one(i: int) -> None:
+        rid = f"{prefix}-{i}"
+        try:
+            records[i] = client.run(jobs[i], rid, go)
+        except Exception as exc:  # a client bug still yields a counted failure, not a lost request
+            record = RequestRecord(rid)
+            record.fail("client_error", f"{type(exc).__name__}: {exc}")
+            records[i] = record
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"bench-client-{i}", daemon=True)
+               for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = [r for r in records if r is not None]
+    starts = [r.sent for r in done if r.sent is not None]
+    ends = [r.end_at for r in done if r.end_at is not None]
+    wall = max(ends) - min(starts) if starts and ends else 0.0
+    return done, wall

@@ -1,0 +1,199 @@
+// The experiments' DOM: one button per experiment card runs its planned requests (one after the
+// other, or back to back for the concurrency one) through the lab's `launch`, then draws the
+// analysis. One experiment runs at a time so their timings do not disturb each other.
+import { EXPERIMENTS, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent } from './experiments.js';
+import { describeStatus } from './run-state.js';
+import { fetchModel } from './api.js';
+import { lineChart, laneChart } from '../charts/charts.js';
+
+const ms = (v) => (v == null ? '–' : `${Math.round(v)} ms`);
+const num = (v, digits = 1) => (v == null ? '–' : v.toFixed(digits));
+const giga = (v) => (v == null ? null : v / 1e9);
+
+export function mountExperiments(root, launch) {
+  const cards = [...root.querySelectorAll('.lab-exp')];
+  let busy = false;
+
+  function setBusy(on) {
+    busy = on;
+    for (const card of cards) card.querySelector('.lab-exp-run').disabled = on;
+  }
+
+  async function runPlan(card, experiment) {
+    const statusEl = card.querySelector('.lab-exp-status');
+    const plan = experiment.plan();
+    const liveList = card.querySelector('.lab-lanes-live');
+    const results = [];
+    const onUpdate = (label, run) => {
+      const li = liveList?.querySelector(`[data-lane="${label}"]`);
+      if (li) {
+        li.textContent = `${label}: ${describeStatus(run)}`;
+        li.dataset.status = run.status;
+      }
+    };
+    if (liveList) {
+      liveList.replaceChildren(...plan.map(({ label }) => {
+        const li = document.createElement('li');
+        li.dataset.lane = label;
+        li.textContent = `${label}: connecting…`;
+        return li;
+      }));
+    }
+    const kind = `experiment: ${experiment.title}`;
+    if (experiment.staggered) {
+      statusEl.textContent = `Sending ${plan.length} requests, each as soon as the server has accepted the one before…`;
+      const launched = [];
+      for (const { label, payload } of plan) {
+        const l = launchUntilAnswered(launch, payload, { kind, label, onUpdate: (run) => onUpdate(label, run) });
+        launched.push({ label, done: l.done });
+        await l.answered;
+      }
+      for (const l of launched) results.push({ label: l.label, run: await l.done });
+    } else {
+      for (const [i, { label, payload }] of plan.entries()) {
+        statusEl.textContent = `Running ${i + 1} of ${plan.length}: ${label}…`;
+        const { done } = launch(payload, { kind, label });
+        results.push({ label, run: await done });
+      }
+    }
+    return results;
+  }
+
+  async function onRun(card) {
+    if (busy) return;
+    const key = card.dataset.experiment;
+    const experiment = EXPERIMENTS[key];
+    setBusy(true);
+    card.dataset.state = 'running';
+    const statusEl = card.querySelector('.lab-exp-status');
+    try {
+      const results = await runPlan(card, experiment);
+      const failed = results.filter(({ run }) => run.status !== 'finished');
+      await DRAW[key](card, results);
+      card.dataset.state = failed.length ? 'incomplete' : 'done';
+      statusEl.textContent = failed.length
+        ? `Done, but ${failed.map(({ label, run }) => `${label}: ${describeStatus(run)}`).join(' ')}`
+        : `Done: ${results.length} runs, all finished. Each is also in the history below.`;
+    } catch (err) {
+      card.dataset.state = 'failed';
+      statusEl.textContent = `The experiment could not run: ${err.message}`;
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  const onClick = (ev) => {
+    const button = ev.target.closest('.lab-exp-run');
+    if (button) onRun(button.closest('.lab-exp'));
+  };
+  root.addEventListener('click', onClick);
+  return { destroy() { root.removeEventListener('click', onClick); } };
+}
+
+// Launches a run and also resolves `answered` once the server has said anything about it
+// (accepted it, or ended it), so the next request can follow it into the queue.
+function launchUntilAnswered(launch, payload, { onUpdate, ...opts }) {
+  let answer;
+  const answered = new Promise((resolve) => { answer = resolve; });
+  const handle = launch(payload, { ...opts, onUpdate: (run) => { onUpdate(run); if (run.status !== 'connecting') answer(); } });
+  handle.done.then(answer);
+  return { ...handle, answered };
+}
+
+function chartEl(card, second = false) { return card.querySelector(second ? '.lab-exp-chart-2' : '.lab-exp-chart'); }
+function summary(card, text) { card.querySelector('.lab-exp-summary').textContent = text; }
+
+const DRAW = {
+  kv(card, results) {
+    const { series, slopes, medians } = analyseKv(results);
+    lineChart(chartEl(card), {
+      title: 'Decode step time against position, KV cache on and off',
+      desc: 'Each point is one decode step: x is the sequence length it worked on, y its time in ms.',
+      xLabel: 'position (prompt + tokens so far)', yLabel: 'step ms', series,
+    });
+    summary(card, `Without the cache a step took ${num(slopes['cache off'], 2)} ms more per extra position `
+      + `(median ${num(medians['cache off'])} ms); with it, ${num(slopes['cache on'], 2)} ms per position `
+      + `(median ${num(medians['cache on'])} ms). Measured.`);
+  },
+  delivery(card, results) {
+    const { rows, lanes } = analyseDelivery(results);
+    laneChart(chartEl(card), {
+      title: 'When text became visible, streaming vs buffered',
+      desc: 'Time from sending until the first visible text (end of the waiting bar) and until the answer ended, in ms, measured in this browser.',
+      xLabel: 'ms since sending (browser clock)', lanes,
+      kinds: [{ kind: 'waiting', label: 'nothing visible yet' }, { kind: 'receiving', label: 'text arriving' }],
+    });
+    summary(card, rows.map((r) => `${r.label}: first text at ${ms(r.firstText)}, answer ended at ${ms(r.total)}`
+      + `${r.sameEvent ? ' (the text came with the finish)' : ''}.`).join(' ') + ' Measured in this browser.');
+  },
+  async sweep(card, results) {
+    const model = await fetchModel();
+    const facts = model.data?.facts || {};
+    const { rows, ttftSeries, flopsSeries } = analyseSweep(results, facts);
+    lineChart(chartEl(card), {
+      title: 'TTFT and prefill time against prompt length',
+      desc: 'x: prompt tokens; y: time to first token and prefill time, in ms (measured).',
+      xLabel: 'prompt tokens', yLabel: 'ms', series: ttftSeries,
+    });
+    lineChart(chartEl(card, true), {
+      title: 'Achieved GFLOP/s, prefill vs decode (estimates)',
+      desc: 'Estimates: 2 × parameters × tokens ÷ measured time, for prefill and for one decode step.',
+      xLabel: 'prompt tokens', yLabel: 'GFLOP/s (estimate)', series: flopsSeries,
+    });
+    sweepTable(card.querySelector('.lab-exp-table'), rows);
+    const long = rows.filter((r) => r.prefillFlopsPerS != null).pop();
+    if (!long) {
+      summary(card, 'No prompt in the sweep finished, so there is nothing to estimate.');
+      return;
+    }
+    summary(card, `At ${long.promptTokens} prompt tokens prefill achieved about ${num(giga(long.prefillFlopsPerS))} GFLOP/s, `
+      + `while a decode step achieved ${num(giga(long.decodeFlopsPerS))} GFLOP/s and moved about ${num(giga(long.decodeBytesPerS), 2)} GB/s. `
+      + 'Prefill reuses each weight it reads for every prompt token, so arithmetic sets its pace (compute-bound); a decode step '
+      + 'reads all the weights for a single token, so memory traffic sets its pace (memory-bound).');
+  },
+  concurrent(card, results) {
+    const { lanes, rows } = analyseConcurrent(results);
+    laneChart(chartEl(card), {
+      title: 'Two requests sent together', desc: 'Each lane: waiting in the queue, prefill, then decode, on this browser\'s clock in ms.',
+      xLabel: 'ms since the first send (browser clock)', lanes,
+      kinds: [{ kind: 'queue', label: 'waiting' }, { kind: 'prefill', label: 'prefill' }, { kind: 'decode', label: 'decode' }],
+    });
+    summary(card, rows.map((r) => (r.maxAhead > 0
+      ? `${r.label} waited in the queue (position ${r.positions.join(' → ')}, ${r.maxAhead} ahead) for ${ms(r.queueMs)} before its prefill.`
+      : `${r.label} started at once (queue wait ${ms(r.queueMs)}).`)).join(' ') + ' Measured.');
+  },
+};
+
+function sweepTable(container, rows) {
+  const table = document.createElement('table');
+  table.className = 'lab-table lab-sweep-table';
+  const caption = document.createElement('caption');
+  caption.textContent = 'Per prompt length. Times measured; GFLOP/s and GB/s are estimates derived from them and the model size.';
+  const head = document.createElement('tr');
+  for (const h of ['prompt tokens', 'TTFT ms', 'prefill ms', 'prefill GFLOP/s (est.)', 'decode step ms', 'decode GB/s (est.)', 'decode GFLOP/s (est.)']) {
+    const th = document.createElement('th');
+    th.scope = 'col';
+    th.textContent = h;
+    head.append(th);
+  }
+  const thead = document.createElement('thead');
+  thead.append(head);
+  const body = document.createElement('tbody');
+  for (const r of rows) {
+    const tr = document.createElement('tr');
+    for (const v of [r.promptTokens ?? '–', num(r.ttftMs), num(r.prefillMs), num(giga(r.prefillFlopsPerS)),
+      num(r.stepMs), num(giga(r.decodeBytesPerS), 2), num(giga(r.decodeFlopsPerS))]) {
+      const td = document.createElement('td');
+      td.textContent = String(v);
+      tr.append(td);
+    }
+    body.append(tr);
+  }
+  table.append(caption, thead, body);
+  const tag = document.createElement('p');
+  const est = document.createElement('span');
+  est.className = 'tag tag-computed';
+  est.textContent = 'estimate · derived from measured times';
+  tag.append(est, ' FLOPs ≈ 2 × parameters per token; bytes per decode step ≈ weights + KV cache.');
+  container.replaceChildren(table, tag);
+}

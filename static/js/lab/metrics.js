@@ -1,0 +1,116 @@
+// Pure latency and throughput arithmetic over a request's server events (no DOM). Definitions
+// follow vLLM's, as docs/protocol.md states: TTFT = submit → first token; TPOT = (E2E − TTFT) /
+// (tokens − 1); ITL = every gap between consecutive tokens. All times are the server's `t_ms`.
+
+// Percentile with linear interpolation between closest ranks (numpy's default); null when empty.
+export function percentile(values, p) {
+  const xs = values.filter(Number.isFinite).sort((a, b) => a - b);
+  if (!xs.length) return null;
+  const rank = (Math.min(100, Math.max(0, p)) / 100) * (xs.length - 1);
+  const lo = Math.floor(rank);
+  const hi = Math.ceil(rank);
+  return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo);
+}
+
+export function median(values) { return percentile(values, 50); }
+
+// Gaps between consecutive token times.
+export function interTokenLatencies(tokenTimes) {
+  const gaps = [];
+  for (let i = 1; i < tokenTimes.length; i += 1) gaps.push(tokenTimes[i] - tokenTimes[i - 1]);
+  return gaps;
+}
+
+export function timePerOutputToken(e2eMs, ttftMs, tokens) {
+  if (!(tokens > 1) || !Number.isFinite(e2eMs) || !Number.isFinite(ttftMs)) return null;
+  return (e2eMs - ttftMs) / (tokens - 1);
+}
+
+// Least-squares slope of y against x (ms per position, say); null with fewer than two x values.
+export function slope(points) {
+  const n = points.length;
+  if (n < 2) return null;
+  const mx = points.reduce((s, p) => s + p.x, 0) / n;
+  const my = points.reduce((s, p) => s + p.y, 0) / n;
+  let num = 0;
+  let den = 0;
+  for (const p of points) {
+    num += (p.x - mx) * (p.y - my);
+    den += (p.x - mx) ** 2;
+  }
+  return den ? num / den : null;
+}
+
+// Estimate: a forward pass costs about 2 FLOPs per parameter per token, so prefill of N tokens
+// costs ≈ 2 × params × N. Divided by the measured prefill time it gives the achieved FLOP/s.
+export function prefillFlopsPerS(params, promptTokens, prefillMs) {
+  if (!(params > 0) || !(promptTokens > 0) || !(prefillMs > 0)) return null;
+  return (2 * params * promptTokens) / (prefillMs / 1000);
+}
+
+// Estimate: one decode step reads every weight once plus the whole KV cache, so bytes per step ≈
+// weights_bytes + cache bytes; divided by the measured step time it gives the achieved bandwidth.
+export function decodeBytesPerS(weightsBytes, cacheBytes, stepMs) {
+  if (!(weightsBytes > 0) || !(stepMs > 0)) return null;
+  return (weightsBytes + (cacheBytes || 0)) / (stepMs / 1000);
+}
+
+// A decode step does ≈ 2 × params FLOPs for its one token.
+export function decodeFlopsPerS(params, stepMs) {
+  if (!(params > 0) || !(stepMs > 0)) return null;
+  return (2 * params) / (stepMs / 1000);
+}
+
+// Every metric the lab shows, from the events seen so far: it works mid-run too, with E2E, TPOT
+// and tokens/s left null until the terminal event. An `error` has no E2E: nothing was answered.
+export function summarize(events) {
+  const tokens = events.filter((e) => e.type === 'token');
+  const byType = (type) => events.find((e) => e.type === type);
+  const prefillStart = byType('prefill_start');
+  const prefillEnd = byType('prefill_end');
+  const accepted = byType('accepted');
+  const terminal = events.find((e) => e.type === 'finished' || e.type === 'cancelled' || e.type === 'error');
+  const times = tokens.map((t) => t.t_ms);
+  const itl = interTokenLatencies(times);
+  const ttft = tokens.length ? tokens[0].t_ms : null;
+  const e2e = terminal && terminal.type !== 'error' ? terminal.t_ms : null;
+  const count = terminal && Number.isInteger(terminal.tokens) ? terminal.tokens : tokens.length;
+  const tpot = timePerOutputToken(e2e, ttft, count);
+  const last = tokens[tokens.length - 1] || prefillEnd;
+  const steps = tokens.filter((t) => t.index > 0).map((t) => t.step_ms);
+  const firstText = tokens.find((t) => t.text);
+  return {
+    promptTokens: accepted ? accepted.prompt_tokens : prefillStart ? prefillStart.prompt_tokens : null,
+    contentTokens: accepted ? accepted.content_tokens : null,
+    templateTokens: accepted ? accepted.template_tokens : null,
+    tokens: count,
+    queueMs: prefillStart ? prefillStart.t_ms : null,
+    prefillMs: prefillEnd ? prefillEnd.ms : null,
+    ttftMs: ttft,
+    tpotMs: tpot,
+    itlMs: itl,
+    itlP50: percentile(itl, 50),
+    itlP90: percentile(itl, 90),
+    itlP99: percentile(itl, 99),
+    e2eMs: e2e,
+    decodeTokensPerS: tpot ? 1000 / tpot : null,
+    firstTextMs: firstText ? firstText.t_ms : terminal && terminal.text ? terminal.t_ms : null,
+    stepMsMedian: median(steps),
+    cacheTokens: last ? last.cache_tokens : null,
+    cacheBytesMeasured: last ? last.cache_bytes_measured : null,
+    cacheBytesFormula: last ? last.cache_bytes_formula : null,
+  };
+}
+
+// Per-token series for the charts: step time by position and cache bytes by position.
+export function tokenSeries(events) {
+  const out = [];
+  for (const e of events) {
+    if (e.type !== 'token') continue;
+    out.push({
+      index: e.index, position: e.cache_tokens, stepMs: e.step_ms, tMs: e.t_ms,
+      bytesMeasured: e.cache_bytes_measured, bytesFormula: e.cache_bytes_formula,
+    });
+  }
+  return out;
+}

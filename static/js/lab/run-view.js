@@ -1,0 +1,199 @@
+// The answer panel's DOM for one run: status sentence, the answer as token boxes (model text only
+// via textContent), each token's top-5 candidates on hover or arrow keys, the metrics list and the
+// per-token latency and cache-growth charts. A run that did not finish is marked so on the answer.
+import { summarize, tokenSeries } from './metrics.js';
+import { describeStatus, isDone } from './run-state.js';
+import { lineChart } from '../charts/charts.js';
+
+const fmtMs = (v) => (v == null ? '–' : `${v.toFixed(1)} ms`);
+const fmtInt = (v) => (v == null ? '–' : Number(v).toLocaleString('en-US'));
+// Quotes make leading spaces visible; newlines and tabs get a visible sign.
+export const showToken = (text) => `“${text.replace(/\n/g, '↵').replace(/\t/g, '⇥')}”`;
+
+const CUT = { max_tokens: 'cut at max new tokens', context_full: 'cut: the context window is full', timeout: 'cut: time limit' };
+
+// The mark after an answer: why it is not a whole answer, or '' when it is.
+function endMark(run) {
+  if (run.status === 'cancelled') return ` ⏹ did not finish: stopped after ${run.terminal.tokens} tokens`;
+  if (run.status === 'connection_lost') return ' ⚠ did not finish: the connection was lost';
+  if (run.status === 'error') return run.tokens.length ? ' ⚠ did not finish: the request failed' : '⚠ no answer: the request failed';
+  return CUT[run.terminal?.reason] ? ` ✂ ${CUT[run.terminal.reason]}` : '';
+}
+
+export function createRunView(root) {
+  const statusEl = root.querySelector('#lab-status');
+  const answerEl = root.querySelector('#lab-answer');
+  const candEl = root.querySelector('#lab-candidates');
+  const metricsEl = root.querySelector('#lab-metrics');
+  const latencyEl = root.querySelector('#lab-latency-chart');
+  const cacheEl = root.querySelector('#lab-cache-chart');
+  let run = null;
+  let rendered = 0; // token boxes already in the answer
+  let selected = -1;
+  let frame = 0;
+
+  function tokenBox(tok) {
+    const span = document.createElement('span');
+    span.className = 'atok';
+    span.dataset.index = String(tok.index);
+    span.textContent = tok.text;
+    if (!tok.text) span.classList.add(tok.pending ? 'atok-pending' : 'atok-empty');
+    return span;
+  }
+
+  function renderCandidates(i) {
+    const tok = run?.tokens[i];
+    if (!tok) return;
+    const head = document.createElement('p');
+    const chosen = tok.candidates.find((c) => c.id === tok.id);
+    // A candidate's text is the token itself; a token's own `text` is what it released (maybe "").
+    head.textContent = `Token ${tok.index}: chose ${showToken(chosen ? chosen.text : tok.text)} (id ${tok.id}, `
+      + `p = ${(tok.prob * 100).toFixed(1)}%)${tok.pending ? ' — part of a character still being completed' : ''}`;
+    const table = document.createElement('table');
+    table.className = 'lab-cand-table';
+    const caption = document.createElement('caption');
+    caption.textContent = 'Five most likely tokens at this step';
+    table.append(caption);
+    for (const c of tok.candidates) {
+      const tr = document.createElement('tr');
+      if (c.id === tok.id) tr.className = 'is-chosen';
+      const bar = document.createElement('td');
+      const fill = document.createElement('span');
+      fill.className = 'lab-cand-bar';
+      fill.style.width = `${Math.max(1, c.prob * 100)}%`;
+      bar.append(fill);
+      for (const text of [showToken(c.text), `${(c.prob * 100).toFixed(1)}%`, c.id === tok.id ? 'chosen' : '']) {
+        const td = document.createElement('td');
+        td.textContent = text;
+        tr.append(td);
+      }
+      tr.append(bar);
+      table.append(tr);
+    }
+    if (!chosen) head.textContent += ' — sampled from outside the top five';
+    candEl.replaceChildren(head, table);
+    answerEl.querySelectorAll('.atok.is-selected').forEach((s) => s.classList.remove('is-selected'));
+    answerEl.querySelector(`.atok[data-index="${tok.index}"]`)?.classList.add('is-selected');
+    selected = i;
+  }
+
+  function onPoint(ev) {
+    const box = ev.target.closest('.atok');
+    if (box) renderCandidates(Number(box.dataset.index));
+  }
+
+  function onKey(ev) {
+    if (!run || !run.tokens.length) return;
+    const moves = { ArrowRight: 1, ArrowLeft: -1, Home: -Infinity, End: Infinity };
+    if (!(ev.key in moves)) return;
+    ev.preventDefault();
+    const next = Math.min(run.tokens.length - 1, Math.max(0, (selected < 0 ? -1 : selected) + moves[ev.key]));
+    renderCandidates(Number.isFinite(next) ? next : 0);
+  }
+
+  function appendTokens() {
+    const frag = document.createDocumentFragment();
+    for (; rendered < run.tokens.length; rendered += 1) frag.append(tokenBox(run.tokens[rendered]));
+    answerEl.append(frag);
+  }
+
+  // What the answer becomes once the run ends: buffered text arrives whole; an answer that did
+  // not finish, or was cut at a limit, gets a visible end mark so it never reads as complete.
+  function finishAnswer() {
+    if (run.payload.delivery === 'buffered' && run.text) {
+      const whole = document.createElement('span');
+      whole.className = 'lab-answer-text';
+      whole.textContent = run.text;
+      answerEl.append(whole);
+    }
+    const mark = endMark(run);
+    if (mark) {
+      const end = document.createElement('span');
+      end.className = run.complete ? 'lab-answer-end lab-answer-cut' : 'lab-answer-end';
+      end.textContent = mark;
+      answerEl.append(end);
+    }
+    answerEl.dataset.complete = String(run.complete);
+  }
+
+  function setMetric(name, text) { metricsEl.querySelector(`[data-metric="${name}"] dd`).textContent = text; }
+
+  function renderMetrics() {
+    const m = summarize(run.events);
+    setMetric('queue', fmtMs(m.queueMs));
+    setMetric('ttft', fmtMs(m.ttftMs));
+    setMetric('tpot', fmtMs(m.tpotMs));
+    setMetric('itl', m.itlP50 == null ? '–' : `${m.itlP50.toFixed(1)} / ${m.itlP90.toFixed(1)} / ${m.itlP99.toFixed(1)} ms`);
+    setMetric('e2e', fmtMs(m.e2eMs));
+    setMetric('tps', m.decodeTokensPerS == null ? '–' : `${m.decodeTokensPerS.toFixed(1)} tokens/s`);
+    setMetric('cache', m.cacheBytesMeasured == null ? '–'
+      : `${fmtInt(m.cacheBytesMeasured)} B measured vs ${fmtInt(m.cacheBytesFormula)} B formula `
+        + `(${fmtInt(m.cacheTokens)} positions${m.cacheBytesMeasured === m.cacheBytesFormula ? ', equal' : ''})`);
+    return m;
+  }
+
+  function renderCharts() {
+    const series = tokenSeries(run.events);
+    const decode = series.filter((s) => s.index > 0);
+    lineChart(latencyEl, {
+      title: 'Per-token latency', desc: 'Decode step time (the model step alone) and the gap since the previous token (ITL), by token index, in ms.',
+      xLabel: 'token index', yLabel: 'ms',
+      series: [
+        { name: 'step time', points: decode.map((s) => ({ x: s.index, y: s.stepMs })), style: 'line' },
+        { name: 'gap (ITL)', points: series.slice(1).map((s, i) => ({ x: s.index, y: s.tMs - series[i].tMs })), style: 'line' },
+      ],
+    });
+    lineChart(cacheEl, {
+      title: 'KV cache growth', desc: 'Bytes of KV cache held after each token: measured from the tensors and from the formula.',
+      xLabel: 'token index', yLabel: 'bytes',
+      series: [
+        { name: 'measured', points: series.map((s) => ({ x: s.index, y: s.bytesMeasured })), style: 'line' },
+        { name: 'formula', points: series.map((s) => ({ x: s.index, y: s.bytesFormula })), style: 'points', hollow: true },
+      ],
+    });
+  }
+
+  function renderNow() {
+    frame = 0;
+    statusEl.textContent = describeStatus(run);
+    statusEl.dataset.status = run.status;
+    appendTokens();
+    renderMetrics();
+    renderCharts();
+    if (isDone(run) && !answerEl.dataset.ended) {
+      finishAnswer();
+      answerEl.dataset.ended = 'true';
+    }
+  }
+
+  answerEl.addEventListener('mouseover', onPoint);
+  answerEl.addEventListener('keydown', onKey);
+
+  return {
+    show(next) {
+      run = next;
+      rendered = 0;
+      selected = -1;
+      answerEl.replaceChildren();
+      answerEl.dataset.complete = 'false';
+      delete answerEl.dataset.ended;
+      answerEl.classList.toggle('is-buffered', run.payload.delivery === 'buffered');
+      candEl.replaceChildren();
+      renderNow();
+    },
+    // Coalesces bursts of events into one render per animation frame.
+    update() {
+      if (!frame) frame = requestAnimationFrame(renderNow);
+    },
+    // Renders immediately (the terminal event must never wait for a frame that may not come).
+    flush() {
+      if (frame) cancelAnimationFrame(frame);
+      renderNow();
+    },
+    destroy() {
+      if (frame) cancelAnimationFrame(frame);
+      answerEl.removeEventListener('mouseover', onPoint);
+      answerEl.removeEventListener('keydown', onKey);
+    },
+  };
+}

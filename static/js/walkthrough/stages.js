@@ -1,0 +1,254 @@
+// The walkthrough's stages and, for a stage index and a derived run (trace.js deriveRun), the exact
+// state the figure shows. Pure and total: the state depends only on (index, run), so scrolling back
+// to a stage restores it exactly.
+export const STAGES = [
+  { name: 'input', title: 'Assembling the input', focus: 'messages', panel: 'messages', timeline: null },
+  { name: 'template', title: 'The chat template', focus: 'prompt', panel: 'rendered', timeline: null },
+  { name: 'tokens', title: 'The tokenizer', focus: 'prompt', panel: 'tokens', timeline: null },
+  { name: 'queue', title: 'Waiting in the queue', focus: 'queue', panel: 'answer', timeline: 'queue' },
+  { name: 'prefill', title: 'Prefill: the whole prompt in one pass', focus: 'model', panel: 'answer', timeline: 'prefill' },
+  { name: 'first-token', title: 'The first token', focus: 'prompt', panel: 'candidates', timeline: 'prefill' },
+  { name: 'decode', title: 'The decode loop', focus: 'model', panel: 'answer', timeline: 'decode' },
+  { name: 'cache', title: 'The KV cache grows', focus: 'cache', panel: 'answer', timeline: 'decode' },
+  { name: 'delivery', title: 'Delivery', focus: 'panel', panel: 'answer', timeline: 'decode' },
+  { name: 'end', title: 'The end', focus: 'panel', panel: 'answer', timeline: null },
+  { name: 'map', title: 'Reading the figure as a map', focus: null, panel: 'answer', timeline: 'all' },
+];
+const AT = Object.fromEntries(STAGES.map((s, i) => [s.name, i]));
+export const LAST = STAGES.length - 1;
+
+export function stageIndex(name) {
+  return name in AT ? AT[name] : -1;
+}
+
+export function clampStage(i) {
+  return Math.max(0, Math.min(LAST, i));
+}
+
+// The stage a live or replayed run is in, from its latest event (trace.js sets run.phase).
+export function stageForPhase(phase) {
+  return stageIndex(phase === 'submitted' ? 'queue' : phase === 'queued' ? 'queue' : phase);
+}
+
+const MESSAGE_LABELS = { system: 'system', user: 'user', assistant: 'assistant', retrieved: 'retrieved' };
+
+function messagesState(i, run) {
+  const lastUser = run.messages.map((m) => m.role).lastIndexOf('user');
+  return {
+    dim: i >= 1 && i < LAST,
+    items: run.messages.map((m) => ({
+      role: m.role,
+      label: m.index === lastUser ? 'question' : MESSAGE_LABELS[m.role] || m.role,
+      tokens: m.tokens,
+    })),
+  };
+}
+
+function queueState(i, run) {
+  const q = run.queue;
+  let state = 'empty';
+  if (i === AT.queue && q.entered) state = 'waiting';
+  else if (i > AT.queue) state = run.prefill.started ? 'left' : q.entered ? 'waiting' : 'empty';
+  // While still waiting (a live run) the latest place in line; afterwards, where it joined the queue.
+  const now = !run.prefill.started;
+  return { state, position: now ? q.position : q.firstPosition, ahead: now ? q.ahead : q.firstAhead, waitMs: q.waitMs };
+}
+
+function prefillState(i, run) {
+  const p = run.prefill;
+  const state = i < AT.prefill || !p.started ? 'idle' : p.done ? 'done' : 'running';
+  return { state, fill: state === 'done' ? 1 : 0, tokens: p.tokens, ms: p.ms, tokensPerS: p.tokensPerS };
+}
+
+function generatedCount(i, run) {
+  if (i < AT['first-token']) return 0;
+  if (i === AT['first-token']) return Math.min(1, run.tokens.length);
+  return run.tokens.length;
+}
+
+function cacheColumns(i, run, shown) {
+  if (i < AT.prefill || !run.prefill.done) return 0;
+  if (shown === 0) return run.prefill.cacheTokens;
+  return run.tokens[shown - 1].cacheTokens;
+}
+
+export function figureState(i, run, source = run.measured ? 'recorded' : 'schematic') {
+  const index = clampStage(i);
+  const stage = STAGES[index];
+  const shown = generatedCount(index, run);
+  const promptCount = run.prompt.tokens.length;
+  const columns = cacheColumns(index, run, shown);
+  return {
+    index,
+    name: stage.name,
+    title: stage.title,
+    focus: stage.focus,
+    panel: stage.panel,
+    source,
+    measured: run.measured,
+    messages: messagesState(index, run),
+    prompt: {
+      shown: index >= AT.template,
+      sources: run.prompt.tokens.map((t) => t.source),
+      highlight: index === AT.tokens && run.splitWord ? run.splitWord.positions : [],
+    },
+    generated: shown,
+    queue: queueState(index, run),
+    prefill: prefillState(index, run),
+    decodeSteps: Math.max(0, shown - 1),
+    cache: {
+      columns,
+      promptColumns: Math.min(columns, promptCount),
+      capacity: Math.max(promptCount + run.maxNewTokens, columns, 1),
+      bytes: shown ? run.tokens[shown - 1].cacheBytes : columns ? run.prefill.cacheBytes : 0,
+    },
+    output: {
+      tokens: run.tokens.slice(0, shown),
+      boundaries: index === AT.delivery || index === LAST,
+      candidates: index === AT['first-token'] && run.firstToken ? run.firstToken.candidates || [] : null,
+    },
+    end: index >= AT.end && run.end ? run.end : null,
+    timeline: stage.timeline,
+  };
+}
+
+// ---- numbers, as the figure and the story print them --------------------------------------------
+
+export function fmtMs(ms) {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) return '—';
+  if (ms >= 10000) return `${(ms / 1000).toFixed(1)} s`;
+  if (ms >= 100) return `${Math.round(ms).toLocaleString('en-US')} ms`;
+  if (ms >= 10) return `${ms.toFixed(1)} ms`;
+  return `${ms.toFixed(2)} ms`;
+}
+
+export function fmtBytes(b) {
+  if (b === null || b === undefined || !Number.isFinite(b)) return '—';
+  const units = [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]];
+  for (const [unit, size] of units) if (b >= size) return `${(b / size).toFixed(b >= 100 * size ? 0 : 1)} ${unit}`;
+  return `${Math.round(b).toLocaleString('en-US')} B`;
+}
+
+export const fmtInt = (n) => (Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : '—');
+
+function median(values) {
+  if (!values.length) return null;
+  const s = [...values].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+const END_WORDS = {
+  eos: 'the model produced its end token',
+  max_tokens: 'it used the whole token budget',
+  stop_string: 'a stop string appeared',
+  context_full: 'the context window was full',
+  timeout: 'the time limit ran out',
+  cancelled: 'it was cancelled',
+};
+
+export function endSentence(end) {
+  if (!end) return '';
+  if (end.type === 'error') return `Error (${end.reason}): ${end.message || 'no answer'} — the answer is incomplete.`;
+  if (end.type === 'cancelled') return `Cancelled (${end.cause || 'client'}, during ${end.state || '?'}) — the answer is incomplete.`;
+  const why = END_WORDS[end.reason] || end.reason;
+  const complete = end.reason === 'eos' || end.reason === 'stop_string';
+  return `Finished: ${end.reason} — ${why}.${complete ? '' : ' The answer may be cut short.'}`;
+}
+
+// Facts the story prose shows (keys are the template's data-fact names), from the run on display.
+export function storyFacts(run) {
+  const m = run.model;
+  const steps = run.tokens.slice(1).map((t) => t.stepMs);
+  const metrics = run.end && run.end.metrics ? run.end.metrics : {};
+  const sw = run.splitWord;
+  return {
+    'model-name': m.name || '—',
+    'device': m.device_name || m.device || '—',
+    'messages': fmtInt(run.messages.length),
+    'prompt-total': fmtInt(run.prompt.counts.total ?? run.prompt.tokens.length),
+    'content-tokens': fmtInt(run.prompt.counts.content),
+    'template-tokens': fmtInt(run.prompt.counts.template),
+    'split-word': sw ? sw.word : '—',
+    'split-pieces': sw ? sw.pieces.map((p) => JSON.stringify(p)).join(' + ') : '—',
+    'queue-wait': fmtMs(run.queue.waitMs),
+    'prefill-ms': fmtMs(run.prefill.ms),
+    'prefill-tps': fmtInt(run.prefill.tokensPerS),
+    'ttft': fmtMs(metrics.ttft_ms ?? (run.tokens[0] ? run.tokens[0].tMs : null)),
+    'first-token': run.firstToken ? JSON.stringify(run.firstToken.text) : '—',
+    'generated': fmtInt(run.tokens.length),
+    'decode-steps': fmtInt(Math.max(0, run.tokens.length - 1)),
+    'pending': fmtInt(run.pendingCount),
+    'vocab': fmtInt(m.vocab_size),
+    'max-new': fmtInt(run.maxNewTokens),
+    'context-window': fmtInt(m.context_window),
+    'step-median': fmtMs(median(steps)),
+    'decode-tps': metrics.decode_tokens_per_s ? metrics.decode_tokens_per_s.toFixed(1) : '—',
+    'cache-positions': fmtInt(run.cache.tokens),
+    'cache-bytes': fmtBytes(run.cache.bytes),
+    'bytes-per-token': fmtInt(m.kv_bytes_per_token),
+    'layers': fmtInt(m.layers),
+    'kv-heads': fmtInt(m.kv_heads),
+    'head-dim': fmtInt(m.head_dim),
+    'bytes-per-element': fmtInt(m.bytes_per_element),
+    'weights': fmtBytes(m.weights_bytes),
+    'finish-reason': run.end ? run.end.reason : '—',
+    'e2e': fmtMs(metrics.e2e_ms ?? (run.end ? run.end.tMs : null)),
+  };
+}
+
+// The figure's caption lines for a state: [{text, tag}] where tag is a provenance label (or null).
+export function readout(state, run) {
+  const measured = run.measured ? 'measured' : 'schematic';
+  const f = storyFacts(run);
+  const lines = {
+    input: () => [{ text: `${run.messages.length} messages: ${state.messages.items.map((x) => x.label).join(' · ')}`, tag: null }],
+    template: () => [{ text: `${f['prompt-total']} tokens = ${f['content-tokens']} of content + ${f['template-tokens']} added by the template`, tag: measured }],
+    tokens: () => [run.splitWord
+      ? { text: `“${f['split-word']}” is ${run.splitWord.pieces.length} tokens: ${f['split-pieces']}`, tag: measured }
+      : { text: `${f['prompt-total']} tokens`, tag: measured }],
+    queue: () => [state.queue.state === 'empty'
+      ? { text: 'not queued', tag: null }
+      : { text: `position ${state.queue.position}, ${state.queue.ahead} ahead · waited ${f['queue-wait']}`, tag: measured }],
+    prefill: () => [state.prefill.state === 'done'
+      ? { text: `${f['prompt-total']} positions in one pass · ${f['prefill-ms']} · ${f['prefill-tps']} tokens/s`, tag: measured }
+      : { text: state.prefill.state === 'running' ? 'prefill running…' : 'prefill has not started', tag: null }],
+    'first-token': () => [run.firstToken
+      ? { text: `first token ${f['first-token']} (p = ${run.firstToken.prob.toFixed(2)}) · first token after ${f.ttft}`, tag: measured }
+      : { text: 'no token yet', tag: null }],
+    decode: () => [{ text: `${f.generated} tokens, one per step · median step ${f['step-median']} · ${f['decode-tps']} tokens/s`, tag: measured }],
+    cache: () => [
+      { text: `${f['cache-positions']} positions × ${f['bytes-per-token']} B = ${f['cache-bytes']}`, tag: measured },
+      { text: `2 × ${f.layers} layers × ${f['kv-heads']} KV heads × ${f['head-dim']} × ${f['bytes-per-element']} B · weights ${f.weights}, fixed`, tag: 'computed' },
+    ],
+    delivery: () => [{ text: `${f.generated} tokens → ${run.text.length} characters · ${run.pendingCount} held back mid-character`, tag: measured }],
+    end: () => [{ text: run.end ? endSentence(run.end) : 'still running…', tag: run.end ? measured : null }],
+    map: () => [{ text: `queue ${f['queue-wait']} | prefill ${f['prefill-ms']} | decode ${f['decode-steps']} steps · total ${f.e2e}`, tag: measured }],
+  };
+  return lines[state.name]();
+}
+
+// A stand-in run when no trace could be loaded: shapes only, no numbers (shown as schematic).
+export function schematicRun() {
+  const roles = ['system', 'user', 'assistant', 'retrieved', 'user'];
+  const tokens = [];
+  roles.forEach((role, message) => {
+    tokens.push({ id: 0, text: '', source: 'marker', message: null });
+    for (let k = 0; k < 6; k += 1) tokens.push({ id: 0, text: '', source: role, message });
+  });
+  const out = Array.from({ length: 12 }, (_, k) => ({ index: k, id: 0, text: '▪', pending: false, stepMs: null,
+    tMs: null, cacheTokens: tokens.length + k, cacheBytes: null, cacheBytesFormula: null, prob: null }));
+  return {
+    measured: false, note: 'No trace loaded: schematic shapes only.', recordedAt: null, model: {}, request: {},
+    messages: roles.map((role, index) => ({ index, role, content: '', tokens: 6 })),
+    prompt: { rendered: '', tokens, counts: { total: tokens.length }, budget: null },
+    splitWord: null, accepted: null,
+    queue: { entered: true, position: 1, ahead: 0, firstPosition: 1, firstAhead: 0, fromMs: null, toMs: null, waitMs: null },
+    prefill: { started: true, done: true, tokens: tokens.length, ms: null, tokensPerS: null, startMs: null, endMs: null,
+      chunks: [], cacheTokens: tokens.length, cacheBytes: null },
+    firstToken: null, tokens: out, text: '', pendingCount: 0,
+    cache: { tokens: tokens.length + 11, bytes: null, bytesFormula: null }, maxNewTokens: 16,
+    end: { type: 'finished', reason: 'eos', cause: null, state: null, complete: true, text: '', tokens: 12, message: null, metrics: null, tMs: null },
+    timeline: { segments: [], start: 0, end: 0, totalMs: 0 }, phase: 'end',
+  };
+}

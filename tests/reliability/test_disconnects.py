@@ -1,0 +1,179 @@
+"""Cases 8, 10, 11, 13 and 14: clients that leave, lag or crowd in. Whatever they do, the model
+stops working for them at once, never works for a request nobody waits for, and keeps serving
+everyone else; a full queue says so immediately."""
+from __future__ import annotations
+
+import json
+import time
+
+from model_runner.request import parse_generate
+from reliability_kit import (SEND_TIMEOUT_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, generate_frame,
+                             terminals)
+
+FULL_ANSWER_TOKENS = 91  # the fake model's whole answer, eos included
+LONG_PROMPT = [{"role": "user", "content": "long " * 60}]  # ~365 tokens: with prefill_chunk=1, as many steps
+
+
+def tokens_of(events: list[dict]) -> int:
+    return sum(e["type"] == "token" for e in events)
+
+
+def short_run(server, rid: str) -> dict:
+    """A 3-token request on a fresh socket: its `queued` event and its metrics."""
+    client = Client(server)
+    events = client.run(rid, max_new_tokens=3)
+    client.close()
+    end = terminals(events)[0]
+    assert end["type"] == "finished", end
+    queued = next(e for e in events if e["type"] == "queued")
+    return {"position": queued["position"], "ahead": queued["ahead"], "ttft_ms": end["metrics"]["ttft_ms"]}
+
+
+def test_08_closing_mid_stream_stops_the_worker_within_one_step_and_the_next_ttft_is_normal(
+        slow_server, engine_factory, monkeypatch, figures):
+    # In process: count the model's forward passes that start after the cancel.
+    engine = engine_factory("fake:delay=5")
+    calls = []
+    forward = engine.loaded.model.forward
+    monkeypatch.setattr(engine.loaded.model, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    handle = engine.submit(parse_generate(generate_frame(None, max_new_tokens=400)), "inproc")
+    seen = 0
+    while seen < 5:
+        seen += handle.next_event(WAIT_S).type == "token"
+    handle.cancel(cause="disconnect")
+    at_cancel = len(calls)
+    end = [e for e in handle][-1].to_dict()
+    assert (end["type"], end["cause"], end["state"]) == ("cancelled", "disconnect", "decode")
+    assert len(calls) - at_cancel <= 1, "at most the step already under way may run after the cancel"
+
+    # Live: a browser-like client closes its socket mid-answer.
+    log = LogCursor(slow_server)
+    before = short_run(slow_server, "before")
+    leaving = Client(slow_server)
+    leaving.generate("leaving", max_new_tokens=400)
+    received = tokens_of(leaving.wait("leaving", lambda evs: tokens_of(evs) >= 5))
+    leaving.close()
+    how = log.wait_ended(["leaving"])["leaving"]
+    assert how.startswith("cancelled (disconnect, in decode, "), how
+    generated = int(how.split(", ")[2].split()[0])
+    assert received <= generated < FULL_ANSWER_TOKENS
+    after = short_run(slow_server, "after")
+    assert (after["position"], after["ahead"]) == (1, 0), "nothing may still run for the client that left"
+    figures["08"] = {"forward_passes_after_cancel": len(calls) - at_cancel, "tokens_received_before_close": received,
+                     "tokens_generated_at_cancel": generated, "ttft_ms_before": before["ttft_ms"],
+                     "ttft_ms_after": after["ttft_ms"]}
+
+
+def test_10_a_client_that_leaves_while_queued_is_never_prefilled(slow_server, figures):
+    log = LogCursor(slow_server)
+    runner = Client(slow_server)
+    runner.generate("running", max_new_tokens=400)
+    runner.wait_type("running", "prefill_start")
+    waiter = Client(slow_server)
+    waiter.generate("waiting", max_new_tokens=400)
+    queued = waiter.wait_type("waiting", "queued")
+    assert (queued["position"], queued["ahead"]) == (1, 1)
+    waiter.close()
+    how = log.wait_ended(["waiting"])["waiting"]
+    assert how == "cancelled (disconnect, in queued, 0 tokens)"
+    assert terminals(runner.events["running"]) == [], "the running request was not disturbed"
+    runner.cancel("running")
+    assert terminals(runner.wait("running"))[0]["cause"] == "client"
+    runner.close()
+    figures["10"] = {"left_while": "queued (position 1, 1 ahead)", "ended": how}
+
+
+def test_11_a_client_that_stops_reading_is_dropped_as_slow_and_others_are_served(
+        engine_factory, inprocess_server, figures):
+    # In process: a consumer that never reads fills its bounded buffer and is dropped as slow,
+    # while a request behind it completes; its terminal event still gets through.
+    engine = engine_factory("fake", event_buffer=8)
+    stuck = engine.submit(parse_generate(generate_frame(None, max_new_tokens=400)), "stuck")
+    served = [e.to_dict() for e in engine.submit(parse_generate(generate_frame(None, max_new_tokens=400)), "served")]
+    assert served[-1]["type"] == "finished" and served[-1]["reason"] == "eos"
+    stuck_events = [e.to_dict() for e in stuck]
+    assert len(stuck_events) <= 8 + 1
+    end = stuck_events[-1]
+    assert (end["type"], end["cause"]) == ("cancelled", "slow_client")
+
+    # Over a socket: a client sends a request, then keeps sending frames but never reads. On
+    # loopback the kernel takes ~2 MB before a send even slows down, so the flood's error answers
+    # are what back the server's data up; the in-process engine's buffer is 16 events.
+    server = inprocess_server(engine_factory("fake:delay=5", event_buffer=16), SEND_TIMEOUT_S=SEND_TIMEOUT_S,
+                              SOCK_SERVER_OPTIONS={"max_message_size": 256 * 1024})
+    log = LogCursor(server)
+    slow = RawClient(server.port, browser_headers(server), rcvbuf=2048)
+    slow.send_text(json.dumps(generate_frame("never-read", messages=LONG_PROMPT, prefill_chunk=1, max_new_tokens=8)))
+    other = Client(server)
+    other.generate("other", max_new_tokens=3)
+    flooded = slow.flood(json.dumps({"type": "x" * 40}), count=8_000)
+    how = log.wait_ended(["never-read"])["never-read"]
+    assert how.startswith("cancelled (slow_client, in prefill, "), how
+    assert terminals(other.wait("other"))[0]["type"] == "finished", "the client behind it was served"
+    other.close()
+    slow.close()
+    figures["11"] = {"in_process_buffer_events": 8, "live_buffer_events": 16, "in_process_stuck_events": len(stuck_events),
+                     "live_send_timeout_s": SEND_TIMEOUT_S, "live_frames_flooded": flooded,
+                     "live_slow_request": how, "others": "finished"}
+
+
+def test_13_two_hundred_abandoned_requests_leave_the_server_ready_at_once(slow_server, figures):
+    total, sockets_per_wave, per_socket = 200, 16, 4  # a wave fills the queue (cap 64) without overflowing it
+    log = LogCursor(slow_server)
+    before = short_run(slow_server, "before-200")
+    started = time.monotonic()
+    sent, first = [], {}
+    while len(sent) < total:
+        wave = [Client(slow_server) for _ in range(min(sockets_per_wave, -(-(total - len(sent)) // per_socket)))]
+        rids = []
+        for c in wave:
+            for _ in range(min(per_socket, total - len(sent) - len(rids))):
+                rid = f"abandon-{len(sent) + len(rids)}"
+                c.generate(rid, max_new_tokens=400)
+                rids.append((c, rid))
+        for c, rid in rids:
+            first[rid] = c.wait(rid, lambda evs: bool(evs))[0]["type"]
+        for c in wave:  # abandon: the tabs close without a word
+            c.close()
+        log.wait_ended([rid for _, rid in rids])
+        sent += [rid for _, rid in rids]
+    abandoned_s = time.monotonic() - started
+    after = short_run(slow_server, "after-200")
+    ended = log.wait_ended(sent)
+    assert set(first.values()) == {"accepted"}
+    assert all(how.startswith("cancelled (disconnect") for how in ended.values())
+    never_started = sum(how == "cancelled (disconnect, in queued, 0 tokens)" for how in ended.values())
+    assert (after["position"], after["ahead"]) == (1, 0)
+    figures["13"] = {"abandoned": total, "never_prefilled": never_started, "seconds_to_send_and_abandon": round(abandoned_s, 1),
+                     "fresh_ttft_ms_before": before["ttft_ms"], "fresh_ttft_ms_after": after["ttft_ms"]}
+
+
+def test_14_more_requests_than_the_queue_cap_get_overloaded_at_once(slow_server, figures):
+    cap, per_socket, sockets = 64, 4, 17  # 68 requests: one runs, 64 wait, the rest are refused
+    log = LogCursor(slow_server)
+    # The first request reads its prompt one token per step, so it is still running at the end.
+    clients = [Client(slow_server) for _ in range(sockets)]
+    clients[0].generate("q-0", messages=LONG_PROMPT, prefill_chunk=1, max_new_tokens=8)
+    clients[0].wait_type("q-0", "prefill_start")
+    sent_at = {}
+    for i in range(1, sockets * per_socket):
+        rid = f"q-{i}"
+        clients[i // per_socket].generate(rid, max_new_tokens=400)
+        sent_at[rid] = time.monotonic()
+    firsts = {}
+    for i in range(1, sockets * per_socket):
+        c, rid = clients[i // per_socket], f"q-{i}"
+        event = c.wait(rid, lambda evs: bool(evs))[0]
+        firsts[rid] = (event, c.received_at[rid][0] - sent_at[rid])
+    overloaded = {rid: e for rid, (e, _) in firsts.items() if e["type"] == "error"}
+    assert len(overloaded) == sockets * per_socket - 1 - cap
+    assert all(e["code"] == "overloaded" and f"queue cap {cap}" in e["message"] for e in overloaded.values())
+    assert terminals(clients[0].events["q-0"]) == [], "the refusals came while the first request still ran"
+    assert all(len(clients[int(rid[2:]) // per_socket].events[rid]) == 1 for rid in overloaded)
+    for c in clients:
+        c.close()
+    accepted = [rid for rid, (e, _) in firsts.items() if e["type"] == "accepted"] + ["q-0"]
+    log.wait_ended(accepted)
+    waits = sorted(ms for rid, (_, ms) in firsts.items() if rid in overloaded)
+    figures["14"] = {"sent": sockets * per_socket, "queue_cap": cap, "overloaded": len(overloaded),
+                     "slowest_overloaded_answer_ms": round(waits[-1] * 1000, 1)}

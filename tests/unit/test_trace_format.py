@@ -1,0 +1,104 @@
+"""The trace format on the Python side: the shipped trace is a real, consistent recording of the
+default model running the walkthrough's example, the recorder writes valid traces, and the
+validator refuses broken ones."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import record_trace  # noqa: E402
+from model_runner.kv_math import kv_bytes_per_token  # noqa: E402
+
+SHIPPED = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
+
+
+def of_type(trace, type_):
+    return [e for e in trace["events"] if e["type"] == type_]
+
+
+def test_the_shipped_trace_is_valid():
+    assert record_trace.validate_trace(SHIPPED) == []
+
+
+def test_the_shipped_trace_is_a_real_run_of_the_default_model_on_the_example():
+    model = SHIPPED["model"]
+    assert not SHIPPED.get("synthetic"), "the page must ship a recorded run, not a hand-written one"
+    assert "SmolLM2-135M" in model["name"]
+    assert (model["layers"], model["kv_heads"], model["head_dim"]) == (30, 3, 64)
+    assert SHIPPED["request"] == record_trace.EXAMPLE_REQUEST
+    roles = [m["role"] for m in SHIPPED["request"]["messages"]]
+    assert roles == ["system", "user", "assistant", "retrieved", "user"]
+
+
+def test_the_shipped_prompt_matches_its_events():
+    prompt, accepted = SHIPPED["prompt"], of_type(SHIPPED, "accepted")[0]
+    tokens = prompt["tokens"]
+    assert prompt["counts"]["total"] == len(tokens) == accepted["prompt_tokens"]
+    assert prompt["counts"]["content"] == accepted["content_tokens"]
+    assert "".join(t["text"] for t in tokens) == prompt["rendered"]
+    assert {t["source"] for t in tokens} >= {"marker", "system", "user", "assistant", "retrieved"}
+
+
+def test_the_shipped_run_grows_its_cache_one_position_per_token():
+    model = SHIPPED["model"]
+    per_token = kv_bytes_per_token(model["layers"], model["kv_heads"], model["head_dim"], model["bytes_per_element"])
+    assert per_token == model["kv_bytes_per_token"]
+    prefill = of_type(SHIPPED, "prefill_end")[0]
+    tokens = of_type(SHIPPED, "token")
+    end = SHIPPED["events"][-1]
+    assert end["type"] == "finished" and end["tokens"] == len(tokens) > 1
+    assert "".join(t["text"] for t in tokens) == end["text"]
+    assert tokens[0]["cache_tokens"] == prefill["cache_tokens"] == prefill["tokens"]
+    for before, after in zip(tokens[1:], tokens[2:]):
+        assert after["cache_tokens"] == before["cache_tokens"] + 1
+    for t in tokens:
+        assert t["cache_bytes_measured"] == t["cache_bytes_formula"] == t["cache_tokens"] * per_token
+
+
+def test_the_recorder_writes_a_valid_trace_of_what_the_engine_emitted(fake_engine):
+    trace = record_trace.record(fake_engine, note="test")
+    assert record_trace.validate_trace(trace) == []
+    assert trace["model"] == fake_engine.facts.to_dict()
+    assert trace["prompt"]["counts"]["total"] == of_type(trace, "accepted")[0]["prompt_tokens"]
+    assert [e["type"] for e in trace["events"]][:3] == ["accepted", "queued", "prefill_start"]
+    assert json.loads(json.dumps(trace)) == trace  # plain JSON, nothing lost
+
+
+def test_the_recorder_cli_writes_the_file(tmp_path):
+    out = tmp_path / "trace.json"
+    assert record_trace.main(["--model", "fake", "--out", str(out)]) == 0
+    assert record_trace.validate_trace(json.loads(out.read_text(encoding="utf-8"))) == []
+
+
+def broken(change):
+    trace = copy.deepcopy(SHIPPED)
+    change(trace)
+    return trace
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t.update(format="other"), "format"),
+    (lambda t: t.update(version=2), "version"),
+    (lambda t: t["model"].pop("layers"), "model"),
+    (lambda t: t["events"].pop(), "terminal"),
+    (lambda t: t["events"].insert(0, t["events"][-1]), "terminal but not the last"),
+    (lambda t: t["events"].remove(of_type(t, "token")[3]), "expected 3"),
+    (lambda t: of_type(t, "token")[2].update(t_ms=-1), "t_ms"),
+    (lambda t: t["events"][0].update(type="hello"), "not a protocol event"),
+    (lambda t: of_type(t, "prefill_end")[0].pop("first_token"), "lacks first_token"),
+    (lambda t: t["prompt"]["tokens"][0].pop("source"), "prompt.tokens"),
+])
+def test_the_validator_names_what_is_broken(change, problem):
+    problems = record_trace.validate_trace(broken(change))
+    assert any(problem in p for p in problems), problems
+
+
+def test_a_trace_without_a_prompt_preview_is_accepted():
+    assert record_trace.validate_trace(broken(lambda t: t.update(prompt=None))) == []

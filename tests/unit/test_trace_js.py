@@ -1,0 +1,162 @@
+"""static/js/trace.js and the walkthrough's pure modules (stages.js, layout.js), run in Debian's
+Chromium against the shipped trace: parsing refuses what it should, the derived run matches the
+events, and every stage's state depends on (stage, run) alone."""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
+TOKENS = [e for e in TRACE["events"] if e["type"] == "token"]
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def static_url():
+    """The repository's static/ folder over HTTP (ES modules do not load from file://)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(ROOT))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+@pytest.fixture
+def js(page, static_url):
+    """Runs an async JS function body with `trace`, `stages`, `layout` modules and the shipped `T` in scope."""
+    page.goto(static_url + "/static/data/trace-example.json")
+
+    def run(body: str, arg=None):
+        return page.evaluate(f"""async (arg) => {{
+          const trace = await import('/static/js/trace.js');
+          const stages = await import('/static/js/walkthrough/stages.js');
+          const layout = await import('/static/js/walkthrough/layout.js');
+          const T = await (await fetch('/static/data/trace-example.json')).json();
+          {body}
+        }}""", arg)
+    return run
+
+
+def test_parse_accepts_the_shipped_trace_from_text_and_object(js):
+    assert js("return [trace.parseTrace(JSON.stringify(T)).events.length, trace.parseTrace(T).format];") == \
+        [len(TRACE["events"]), "kvscope-trace"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    ("t.format = 'x'", "format"),
+    ("t.version = 2", "version"),
+    ("delete t.model.kv_heads", "kv_heads"),
+    ("t.events.pop()", "terminal"),
+    ("t.events.splice(t.events.findIndex((e) => e.type === 'token' && e.index === 2), 1)", "expected 2"),
+    ("t.events.find((e) => e.type === 'token').t_ms = -5", "back in time"),
+    ("t.events[0].type = 'surprise'", "not a protocol event"),
+    ("t.events.find((e) => e.type === 'token').text = 7", "text"),
+    ("t.prompt = {tokens: 'no'}", "prompt.tokens"),
+])
+def test_parse_refuses_a_broken_trace_naming_the_problem(js, change, problem):
+    result = js(f"""const t = structuredClone(T); {change};
+      try {{ trace.parseTrace(t); return null; }} catch (e) {{ return [e.name, e.problems.join(' | ')]; }}""")
+    assert result is not None and result[0] == "TraceError"
+    assert problem in result[1]
+
+
+def test_parse_refuses_text_that_is_not_json(js):
+    assert js("try { trace.parseTrace('{oops'); } catch (e) { return e.problems[0]; }").startswith("not JSON")
+
+
+def test_a_run_in_progress_passes_only_when_allowed(js):
+    assert js("""const t = structuredClone(T); t.events = t.events.slice(0, 6);
+      return [trace.validateTrace(t).length > 0, trace.validateTrace(t, {complete: false})];""") == [True, []]
+
+
+def test_derived_run_matches_the_events(js):
+    run = js("return trace.deriveRun(T);")
+    end, prefill = TRACE["events"][-1], next(e for e in TRACE["events"] if e["type"] == "prefill_end")
+    assert run["text"] == end["text"] and len(run["tokens"]) == len(TOKENS)
+    assert run["prefill"]["ms"] == prefill["ms"] and run["prefill"]["done"]
+    assert run["cache"]["tokens"] == TOKENS[-1]["cache_tokens"]
+    assert run["end"]["reason"] == end["reason"] and run["end"]["complete"]
+    assert run["phase"] == "end" and run["measured"]
+    assert [m["role"] for m in run["messages"]] == [m["role"] for m in TRACE["request"]["messages"]]
+    assert sum(m["tokens"] for m in run["messages"]) == TRACE["prompt"]["counts"]["content"]
+    word = run["splitWord"]
+    assert len(word["pieces"]) >= 2 and "".join(word["pieces"]).strip() == word["word"]
+
+
+def test_timeline_is_queue_prefill_then_one_segment_per_decode_step(js):
+    timeline = js("return trace.deriveRun(T).timeline;")
+    kinds = [s["kind"] for s in timeline["segments"]]
+    assert kinds == ["queue", "prefill"] + ["decode"] * (len(TOKENS) - 1)
+    decode = [s for s in timeline["segments"] if s["kind"] == "decode"]
+    assert sum(s["ms"] for s in decode) == pytest.approx(TOKENS[-1]["t_ms"] - TOKENS[0]["t_ms"])
+    assert all(s["ms"] >= 0 for s in timeline["segments"])
+    boxes = js("return layout.timelineBoxes(trace.deriveRun(T).timeline);")
+    lefts = [b["left"] for b in boxes]
+    assert lefts == sorted(lefts) and 0 <= lefts[0] and boxes[-1]["left"] + boxes[-1]["width"] <= 1.01
+
+
+def test_each_stage_state_depends_only_on_stage_and_run(js):
+    same = js("""const run = trace.deriveRun(T);
+      const n = stages.STAGES.length;
+      const forward = [...Array(n).keys()].map((i) => JSON.stringify(stages.figureState(i, run)));
+      const backward = [...Array(n).keys()].reverse().map((i) => JSON.stringify(stages.figureState(i, run))).reverse();
+      return forward.every((s, i) => s === backward[i]);""")
+    assert same
+
+
+def test_stages_reveal_the_run_in_order(js):
+    states = js("""const run = trace.deriveRun(T);
+      return stages.STAGES.map((s, i) => { const f = stages.figureState(i, run);
+        return [f.name, f.prompt.shown, f.queue.state, f.prefill.state, f.generated, f.cache.columns, !!f.end]; });""")
+    P = TRACE["prompt"]["counts"]["total"]
+    G, last_cache = len(TOKENS), TOKENS[-1]["cache_tokens"]
+    assert states == [
+        ["input", False, "empty", "idle", 0, 0, False],
+        ["template", True, "empty", "idle", 0, 0, False],
+        ["tokens", True, "empty", "idle", 0, 0, False],
+        ["queue", True, "waiting", "idle", 0, 0, False],
+        ["prefill", True, "left", "done", 0, P, False],
+        ["first-token", True, "left", "done", 1, P, False],
+        ["decode", True, "left", "done", G, last_cache, False],
+        ["cache", True, "left", "done", G, last_cache, False],
+        ["delivery", True, "left", "done", G, last_cache, False],
+        ["end", True, "left", "done", G, last_cache, True],
+        ["map", True, "left", "done", G, last_cache, True],
+    ]
+
+
+def test_a_live_run_follows_its_latest_event(js):
+    phases = js("""const cuts = {queued: 2, prefill: 3, first: 4, decode: 7};
+      const out = {};
+      for (const [k, n] of Object.entries(cuts)) {
+        const run = trace.deriveRun({...T, events: T.events.slice(0, n)});
+        const i = stages.stageForPhase(run.phase);
+        out[k] = [stages.STAGES[i].name, stages.figureState(stages.stageIndex('decode'), run).generated];
+      }
+      return out;""")
+    assert phases == {"queued": ["queue", 0], "prefill": ["prefill", 0], "first": ["first-token", 0],
+                      "decode": ["decode", 3]}
+
+
+def test_an_interrupted_run_says_it_is_incomplete(js):
+    sentence = js("""const events = T.events.slice(0, 8);
+      events.push({type: 'cancelled', schema: 1, request_id: 'x', t_ms: events[7].t_ms + 1, reason: 'cancelled',
+                   cause: 'client', state: 'decode', tokens: 4, text: '', metrics: {}});
+      return stages.endSentence(trace.deriveRun({...T, events}).end);""")
+    assert "incomplete" in sentence and "Cancelled" in sentence
+    assert "cut short" in js("return stages.endSentence({type: 'finished', reason: 'max_tokens'});")
+
+
+def test_the_token_grid_fits_its_lane_for_any_budget(js):
+    fits = js("""return [10, 157, 600, 2000, 9000].map((n) => { const g = layout.tokenGrid(n);
+      const last = g.at(n - 1); return last.y + g.cell <= layout.LANES.prompt.top + layout.LANES.prompt.height + 0.01
+        && last.x + g.cell <= layout.W; });""")
+    assert fits == [True] * 5
