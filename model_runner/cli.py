@@ -42,7 +42,9 @@ def serve(args: argparse.Namespace) -> int:
 
     _preflight(args.model, args.device, args.dtype)
     config = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "BIND_HOST": args.host,
-              "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout}
+              "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout,
+              # Each open WebSocket holds a thread: keep some free for page and API requests.
+              "MAX_SOCKETS": max(1, args.threads - 32)}
 
     class KvscopeServer(BaseApplication):
         def load_config(self):

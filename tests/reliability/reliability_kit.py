@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
+import psutil
 from websockets.sync.client import connect
 
 WAIT_S = 30.0  # a deadline for conditions that hold within milliseconds; never a timing claim
@@ -145,24 +146,6 @@ class RawClient:
     def send_text(self, text: str) -> None:
         self.sock.sendall(self._frame(text))
 
-    def flood(self, text: str, count: int, give_up_s: float = 5.0) -> int:
-        """Send `text` as `count` frames without reading anything; stop early when the server stops
-        taking them for `give_up_s`. Returns the frames sent."""
-        frame = self._frame(text)
-        batch = 500
-        self.sock.settimeout(give_up_s)
-        sent = 0
-        try:
-            while sent < count:
-                n = min(batch, count - sent)
-                self.sock.sendall(frame * n)
-                sent += n
-        except (socket.timeout, TimeoutError):
-            pass
-        finally:
-            self.sock.settimeout(WAIT_S)
-        return sent
-
     def _frame(self, text: str) -> bytes:
         payload = text.encode()
         mask = os.urandom(4)
@@ -244,6 +227,18 @@ def close_code(frames: list[tuple[int, bytes]]) -> int | None:
 def browser_headers(server, host: str | None = None, origin: str | None = None) -> dict[str, str]:
     host = host or f"127.0.0.1:{server.port}"
     return {"Host": host, "Origin": origin or f"http://{host}"}
+
+
+def server_holds_connection(server, client_port: int) -> bool:
+    """Whether any process of the server still has a socket open to this client port."""
+    root = psutil.Process(server.proc.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            if any(c.raddr and c.raddr.port == client_port for c in proc.net_connections(kind="tcp")):
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
 
 
 # ---- reading the server's log ---------------------------------------------------------------------

@@ -6,24 +6,11 @@ import json
 import os
 import time
 
-import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from reliability_kit import (PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code, generate_frame,
-                             terminals, text_events, wait_until)
-
-
-def server_holds_connection(server, client_port: int) -> bool:
-    """Whether any process of the server still has a socket open to this client port."""
-    root = psutil.Process(server.proc.pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            if any(c.raddr and c.raddr.port == client_port for c in proc.net_connections(kind="tcp")):
-                return True
-        except psutil.NoSuchProcess:
-            continue
-    return False
+from reliability_kit import (PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code,
+                             generate_frame, server_holds_connection, terminals, text_events, wait_until)
 
 
 def test_06_an_oversized_frame_closes_that_socket_with_1009_and_others_keep_working(fake_server, figures):

@@ -1,0 +1,38 @@
+"""One small bench on the real model: both baselines run, greedy output is the same token for token
+in the engine, the bare loop and generate(), and every ratio and estimate gets a value."""
+from __future__ import annotations
+
+import io
+from datetime import datetime, timezone
+
+import pytest
+
+from model_runner import bench
+from model_runner.bench_clients import InProcessClient
+from model_runner.bench_report import print_report
+from model_runner.bench_stats import SCHEMA, validate
+from model_runner.cli import build_parser
+
+
+@pytest.mark.model
+def test_small_bench_on_the_real_model(real_engine):
+    args = build_parser().parse_args(["bench", "--prompt-lens", "40", "--output-lens", "8", "--concurrency", "1",
+                                      "--repeats", "2", "--no-progress"])
+    target = bench.Target("in-process", InProcessClient(real_engine), real_engine.loaded,
+                          real_engine.describe_prompt, lambda: None)
+    b = bench.Bench(args, target, bench.grid_from(args))
+    try:
+        report = bench.measure(b, datetime.now(timezone.utc), 0.0)
+    finally:
+        b.close()
+    assert validate(report, SCHEMA) == []
+    assert report["totals"]["completed"] == report["totals"]["requests"] == 2 + 2  # 2 repeats + cache probe
+    for comparison in report["comparisons"]:
+        assert comparison["generate_streamer"] is not None and comparison["bare_loop"] is not None
+        assert comparison["greedy_identical"] is True
+        assert all(value is not None and value > 0 for value in comparison["ratios"].values())
+    assert report["kv_cache_off"]["greedy_identical"] is True
+    assert report["ceilings"]["copy_gb_per_s"] > 0 and report["ceilings"]["matmul_gflop_per_s"] > 0
+    printed = io.StringIO()
+    print_report(report, printed)
+    assert "engine tokens/s / generate+streamer tokens/s" in printed.getvalue()

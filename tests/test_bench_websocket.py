@@ -1,0 +1,66 @@
+"""`kvscope bench --via-websocket` against a live server (fake model, 20 ms per step): requests go
+through the real protocol with a browser's Origin, and every outcome is counted."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+from conftest import LiveServer
+
+from model_runner.bench import totals
+from model_runner.bench_clients import Job, WebSocketClient, run_jobs
+from model_runner.bench_stats import SCHEMA, validate
+from model_runner.cli import main
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    server = LiveServer("fake:delay=20")
+    try:
+        server.wait_ready(60)
+        yield server
+    finally:
+        server.stop()
+
+
+def ask(**fields) -> dict:
+    return {"messages": [{"role": "user", "content": "Tell me about caches."}], **fields}
+
+
+def test_outcomes_over_the_socket_are_all_counted(slow_server):
+    jobs = [
+        Job(ask(max_new_tokens=200)),
+        Job(ask(max_new_tokens=200, timeout_s=0.05)),
+        Job(ask(max_new_tokens=200), cancel_after_tokens=3),
+        Job(ask(max_new_tokens=5000)),  # invalid: the protocol allows at most 1024
+    ]
+    records, _ = run_jobs(WebSocketClient(slow_server.ws_url), jobs, "ws")
+    assert [r.outcome for r in records] == ["completed", "timeout", "cancelled", "error"]
+    assert records[3].reason == "invalid_request"
+    t = totals(records)
+    assert (t["requests"], t["completed"], t["timeouts"], t["cancelled"], t["errors"]) == (4, 1, 1, 1, 1)
+    done = records[0]
+    assert len(done.token_ids) == len(done.itl_ms) + 1 > 10
+    assert len(done.delivery_ms) == len(done.token_ids) and min(done.delivery_ms) >= 0
+
+
+def test_refused_connection_is_a_counted_failure():
+    records, _ = run_jobs(WebSocketClient("ws://127.0.0.1:9/ws"), [Job(ask())], "nobody")
+    assert (records[0].outcome, records[0].reason) == ("error", "connect_failed")
+
+
+def test_bench_command_over_the_socket(slow_server, tmp_path):
+    path = tmp_path / "ws.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["bench", "--model", "fake", "--via-websocket", slow_server.ws_url, "--prompt-lens", "60",
+                     "--output-lens", "6", "--concurrency", "1,2", "--repeats", "1", "--no-cache-probe",
+                     "--no-baselines", "--json", str(path), "--no-progress"])
+    report = json.loads(path.read_text())
+    assert code == 0 and validate(report, SCHEMA) == []
+    assert report["mode"] == "websocket" and report["totals"]["completed"] == report["totals"]["requests"] == 3
+    delivery = report["ratios"]["delivery_p95_ms"]
+    assert delivery["target"] == 30.0 and delivery["value"] is not None and delivery["met"] is not None
+    assert "over the WebSocket" in printed.getvalue()
