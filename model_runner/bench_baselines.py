@@ -206,18 +206,20 @@ class Shape:
         return self.weights_bytes - unread + self.kv_bytes_per_token * context
 
 
-def estimates(shape: Shape, ceilings: dict[str, Any], prompt_tokens: int, prefill_ms: float | None,
-              step_ms: float | None, context: float) -> dict[str, Any]:
-    """Achieved prefill FLOP/s and decode bandwidth (computed from measured times), and their
-    fractions of the machine's measured matmul rate and copy bandwidth."""
-    out: dict[str, Any] = {"prefill_gflop_per_s": None, "prefill_fraction_of_matmul": None,
-                           "decode_gb_per_s": None, "decode_fraction_of_copy": None}
+def estimates(shape: Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None,
+              context: float) -> dict[str, Any]:
+    """Achieved prefill FLOP/s and decode bandwidth, computed from measured times and the model's shape."""
+    out: dict[str, Any] = {"prefill_gflop_per_s": None, "decode_gb_per_s": None}
     if prefill_ms:
-        rate = shape.prefill_flops(prompt_tokens) / (prefill_ms / 1000) / 1e9
-        out["prefill_gflop_per_s"] = round(rate, 3)
-        out["prefill_fraction_of_matmul"] = round(rate / ceilings["matmul_gflop_per_s"], 4)
+        out["prefill_gflop_per_s"] = round(shape.prefill_flops(prompt_tokens) / (prefill_ms / 1000) / 1e9, 3)
     if step_ms:
-        rate = shape.decode_bytes(round(context)) / (step_ms / 1000) / 1e9
-        out["decode_gb_per_s"] = round(rate, 3)
-        out["decode_fraction_of_copy"] = round(rate / ceilings["copy_gb_per_s"], 4)
+        out["decode_gb_per_s"] = round(shape.decode_bytes(round(context)) / (step_ms / 1000) / 1e9, 3)
     return out
+
+
+def fractions(est: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
+    """The estimates as fractions of the machine's measured matmul rate and copy bandwidth."""
+    def part(x: float | None, ceiling: float) -> float | None:
+        return None if x is None else round(x / ceiling, 4)
+    return {**est, "prefill_fraction_of_matmul": part(est["prefill_gflop_per_s"], ceilings["matmul_gflop_per_s"]),
+            "decode_fraction_of_copy": part(est["decode_gb_per_s"], ceilings["copy_gb_per_s"])}

@@ -8,7 +8,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from .bench_stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
 
@@ -172,6 +172,10 @@ def _cache_off(probe: dict, out: TextIO) -> None:
         r = probe[key]
         print(f"  {label:15} step 1: {_f(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
               f"{_f(r['last_step_ms'])} ms (x{_f(r['growth'], 2)}), {r['outcome']}", file=out)
+    on, off = probe["with_cache"]["last_step_ms"], probe["without_cache"]["last_step_ms"]
+    if on and off:
+        print(f"  at the last step, without the cache each token costs {off / on:.1f}x as much: every step "
+              "recomputes the whole sequence, a prefill per token", file=out)
     same = {True: "yes", False: "NO", None: "-"}[probe["greedy_identical"]]
     print(f"  greedy output identical with and without the cache: {same}", file=out)
 

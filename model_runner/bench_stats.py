@@ -83,10 +83,12 @@ RUNNER = {"type": ["object", "null"],
           "properties": {"tokens": INT, "prefill_ms": OPT_NUM, "step_ms_median": OPT_NUM, "tokens_per_s": OPT_NUM}}
 COMPARISON = {"type": "object",
               "required": ["prompt_tokens", "output_tokens_target", "repeat", "order", "engine", "bare_loop",
-                           "generate_streamer", "greedy_identical"],
+                           "generate_streamer", "greedy_identical", "estimates", "ratios"],
               "properties": {"prompt_tokens": INT, "output_tokens_target": INT, "repeat": INT,
                              "order": {"type": "array", "items": STR}, "engine": RUNNER, "bare_loop": RUNNER,
-                             "generate_streamer": RUNNER, "greedy_identical": {"type": ["boolean", "null"]}}}
+                             "generate_streamer": RUNNER, "greedy_identical": {"type": ["boolean", "null"]},
+                             "estimates": {"type": ["object", "null"]},
+                             "ratios": {"type": "object", "additionalProperties": OPT_NUM}}}
 RATIO = {"type": "object", "required": ["what", "target", "direction", "value", "spread", "met"],
          "properties": {"what": STR, "target": OPT_NUM, "direction": {"enum": ["max", "min", None]},
                         "value": OPT_NUM, "spread": SPREAD, "met": {"type": ["boolean", "null"]}}}

@@ -364,7 +364,7 @@ def test_real_experiments_draw_their_charts(real_server, page, page_errors):
 
     run_experiment(page, "kv")
     off, on = points(page, "kv", "cache off"), points(page, "kv", "cache on")
-    assert len(off) == len(on) == 47
+    assert len(off) == len(on) == 31
     third = len(off) // 3
     # Without the cache each step recomputes the whole sequence: its time rises with position.
     assert least_squares_slope(off) > 0

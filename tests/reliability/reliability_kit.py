@@ -105,6 +105,14 @@ class Client:
     def close(self) -> None:
         self.ws.close()
 
+    def drop(self) -> None:
+        """Leave without a closing handshake, as a killed tab or a closed laptop lid does: FIN now."""
+        try:
+            self.ws.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.ws.close()
+
 
 # ---- a misbehaving client ------------------------------------------------------------------------
 

@@ -127,7 +127,6 @@ def _cell(engine, records, wall) -> dict:
     args = build_parser().parse_args(["bench", "--model", "fake"])
     target = bench.Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
     b = bench.Bench(args, target, Grid((40,), (8,), (5,), 1))
-    b.ceilings = {"copy_gb_per_s": 1.0, "matmul_gflop_per_s": 1.0}
     try:
         return b.cell(fit_prompt(engine.describe_prompt, 40), 200, 5, 1, records, [wall])
     finally:

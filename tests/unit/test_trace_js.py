@@ -133,7 +133,7 @@ def test_stages_reveal_the_run_in_order(js):
     ]
 
 
-def test_a_live_run_follows_its_latest_event(js):
+def test_a_run_in_progress_shows_the_stage_of_its_latest_event(js):
     phases = js("""const cuts = {queued: 2, prefill: 3, first: 4, decode: 7};
       const out = {};
       for (const [k, n] of Object.entries(cuts)) {

@@ -6,14 +6,17 @@ import { median, slope, prefillFlopsPerS, decodeBytesPerS, decodeFlopsPerS } fro
 
 const GREEDY = { temperature: 0, top_k: null, top_p: 1.0, seed: null };
 const BASE = { sampling: GREEDY, stop: [], delivery: 'stream', kv_cache: true, prefill_chunk: 0, overflow: 'reject' };
-const COUNTING = [{ role: 'user', content: 'Count from 1 to 100, separated by commas.' }];
+// A short system prompt replaces the template's longer default one: the cache-off steps then start
+// from a small sequence and their growth with position stands out.
+const COUNTING = [{ role: 'system', content: 'You count.' },
+                  { role: 'user', content: 'Count from 1 to 100, separated by commas.' }];
 
 // Written for this page: a neutral passage to lengthen the prompt in the sweep.
 const FILLER = 'The harbour town wakes early. Fishing boats leave before sunrise, the bakery opens at six, '
   + 'and by eight the market square is full of crates of fruit, nets drying in the wind and children '
   + 'walking to school along the sea wall. ';
 
-export const SWEEP_REPEATS = [0, 4, 8, 16, 32];
+export const SWEEP_REPEATS = [0, 2, 4, 8, 16];
 
 function request(messages, extra) { return { ...BASE, messages, ...extra }; }
 
@@ -21,8 +24,8 @@ export const EXPERIMENTS = {
   kv: {
     title: 'KV on/off',
     plan: () => [
-      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 48, kv_cache: true }) },
-      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 48, kv_cache: false }) },
+      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 32, kv_cache: true }) },
+      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 32, kv_cache: false }) },
     ],
   },
   delivery: {
@@ -30,7 +33,7 @@ export const EXPERIMENTS = {
     plan: () => ['stream', 'buffered'].map((delivery) => ({
       label: delivery,
       payload: request([{ role: 'user', content: 'Describe a harbour town at dawn in three sentences.' }],
-        { max_new_tokens: 40, delivery }),
+        { max_new_tokens: 24, delivery }),
     })),
   },
   sweep: {
@@ -48,7 +51,7 @@ export const EXPERIMENTS = {
     // B is sent the moment the server has accepted A, so B is reliably the one that waits.
     staggered: true,
     plan: () => [
-      { label: 'A', payload: request(COUNTING, { max_new_tokens: 32 }) },
+      { label: 'A', payload: request(COUNTING, { max_new_tokens: 24 }) },
       { label: 'B', payload: request([{ role: 'user', content: 'Name one colour.' }], { max_new_tokens: 8 }) },
     ],
   },

@@ -58,7 +58,8 @@ function sourceLine(state, run) {
 export function createFigure(figureEl) {
   const q = (sel) => figureEl.querySelector(sel);
   const el = {
-    source: q('.wt-source-text'), sourceDetail: q('.wt-source-detail'), sourceTag: q('.wt-source-tag'), num: q('.wt-stage-num'), name: q('.wt-stage-name'),
+    source: q('.wt-source-text'), sourceDetail: q('.wt-source-detail'), sourceTag: q('.wt-source-tag'),
+    num: q('.wt-stage-num'), name: q('.wt-stage-name'),
     readout: q('.wt-readout'), panel: q('.wt-panel'), panelTitle: q('.wt-panel-title'), panelBody: q('.wt-panel-body'),
     bar: q('.wt-timeline-bar'), legend: q('.wt-timeline-legend'),
   };

@@ -199,31 +199,36 @@ export function storyFacts(run) {
 
 // The figure's caption lines for a state: [{text, tag}] where tag is a provenance label (or null).
 export function readout(state, run) {
-  const measured = run.measured ? 'measured' : 'schematic';
+  const m = run.measured ? 'measured' : 'schematic';
   const f = storyFacts(run);
+  const line = (text, tag = m) => [{ text, tag }];
+  const { queue: q, prefill: p } = state;
   const lines = {
-    input: () => [{ text: `${run.messages.length} messages: ${state.messages.items.map((x) => x.label).join(' · ')}`, tag: null }],
-    template: () => [{ text: `${f['prompt-total']} tokens = ${f['content-tokens']} of content + ${f['template-tokens']} added by the template`, tag: measured }],
-    tokens: () => [run.splitWord
-      ? { text: `“${f['split-word']}” is ${run.splitWord.pieces.length} tokens: ${f['split-pieces']}`, tag: measured }
-      : { text: `${f['prompt-total']} tokens`, tag: measured }],
-    queue: () => [state.queue.state === 'empty'
-      ? { text: 'not queued', tag: null }
-      : { text: `position ${state.queue.position}, ${state.queue.ahead} ahead · waited ${f['queue-wait']}`, tag: measured }],
-    prefill: () => [state.prefill.state === 'done'
-      ? { text: `${f['prompt-total']} positions in one pass · ${f['prefill-ms']} · ${f['prefill-tps']} tokens/s`, tag: measured }
-      : { text: state.prefill.state === 'running' ? 'prefill running…' : 'prefill has not started', tag: null }],
-    'first-token': () => [run.firstToken
-      ? { text: `first token ${f['first-token']} (p = ${run.firstToken.prob.toFixed(2)}) · first token after ${f.ttft}`, tag: measured }
-      : { text: 'no token yet', tag: null }],
-    decode: () => [{ text: `${f.generated} tokens, one per step · median step ${f['step-median']} · ${f['decode-tps']} tokens/s`, tag: measured }],
+    input: () => line(`${run.messages.length} messages: ${state.messages.items.map((x) => x.label).join(' · ')}`, null),
+    template: () => line(`${f['prompt-total']} tokens = ${f['content-tokens']} of content + ${f['template-tokens']} `
+      + 'added by the template'),
+    tokens: () => (run.splitWord
+      ? line(`“${f['split-word']}” is ${run.splitWord.pieces.length} tokens: ${f['split-pieces']}`)
+      : line(`${f['prompt-total']} tokens`)),
+    queue: () => (q.state === 'empty' ? line('not queued', null)
+      : line(`position ${q.position}, ${q.ahead} ahead${q.waitMs === null ? '' : ` · waited ${f['queue-wait']}`}`)),
+    prefill: () => {
+      if (p.state === 'done') return line(`${f['prompt-total']} positions in one pass · ${f['prefill-ms']} · ${f['prefill-tps']} tokens/s`);
+      return line(p.state === 'running' ? 'prefill running…' : 'prefill has not started', null);
+    },
+    'first-token': () => (run.firstToken
+      ? line(`first token ${f['first-token']} (p = ${run.firstToken.prob.toFixed(2)}) · after ${f.ttft}`)
+      : line('no token yet', null)),
+    decode: () => line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']} · ${f['decode-tps']} tokens/s`),
     cache: () => [
-      { text: `${f['cache-positions']} positions × ${f['bytes-per-token']} B = ${f['cache-bytes']}`, tag: measured },
-      { text: `2 × ${f.layers} layers × ${f['kv-heads']} KV heads × ${f['head-dim']} × ${f['bytes-per-element']} B · weights ${f.weights}, fixed`, tag: 'computed' },
+      ...line(`${f['cache-positions']} positions × ${f['bytes-per-token']} B = ${f['cache-bytes']}`),
+      ...line(`2 × ${f.layers} layers × ${f['kv-heads']} KV heads × ${f['head-dim']} × ${f['bytes-per-element']} B`
+        + ` · weights ${f.weights}, fixed`, 'computed'),
     ],
-    delivery: () => [{ text: `${f.generated} tokens → ${run.text.length} characters · ${run.pendingCount} held back mid-character`, tag: measured }],
-    end: () => [{ text: run.end ? endSentence(run.end) : 'still running…', tag: run.end ? measured : null }],
-    map: () => [{ text: `queue ${f['queue-wait']} | prefill ${f['prefill-ms']} | decode ${f['decode-steps']} steps · total ${f.e2e}`, tag: measured }],
+    delivery: () => line(`${f.generated} tokens → ${run.text.length} characters · ${run.pendingCount} held back mid-character`),
+    end: () => (run.end ? line(endSentence(run.end)) : line('still running…', null)),
+    map: () => line(`queue ${f['queue-wait']} | prefill ${f['prefill-ms']} | decode ${f['decode-steps']} steps`
+      + ` · total ${f.e2e}`),
   };
   return lines[state.name]();
 }
