@@ -386,6 +386,7 @@ class Bench:
         if engine and bare:
             identical = record.token_ids == bare.token_ids and (gen is None or gen.token_ids == bare.token_ids)
         ratios = {"engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
+                  "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
                   "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
                   "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s")}
         est = None
@@ -476,6 +477,7 @@ def ratio_report(comparisons: list[dict], cells: list[dict], delivery: list[floa
     one; delivery is the p95 over every token received, with the per-cell p95s as its spread."""
     what = {
         "engine_step_over_bare": "engine decode step / bare loop step (medians of token-to-token gaps)",
+        "engine_step_over_bare_p10": "the same with 10th percentiles (less swayed by other busy processes)",
         "engine_tps_over_generate": "engine tokens/s / generate+streamer tokens/s (start -> whole answer)",
         "bare_tps_over_generate": "bare loop tokens/s / generate+streamer tokens/s",
         "decode_fraction_of_copy": "engine decode bytes read per second / machine copy bandwidth (estimate)",

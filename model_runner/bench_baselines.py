@@ -46,7 +46,7 @@ def summary(tokens: int, prefill_ms: float | None, steps: list[float], tokens_pe
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
     return {"tokens": tokens, "prefill_ms": r(prefill_ms), "step_ms_median": r(percentile(steps, 50)),
-            "tokens_per_s": r(tokens_per_s)}
+            "step_ms_p10": r(percentile(steps, 10)), "tokens_per_s": r(tokens_per_s)}
 
 
 def _sync(device: torch.device) -> None:

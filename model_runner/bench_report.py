@@ -204,7 +204,11 @@ def plot(report: dict, path: str) -> str | None:
         p50 = [r["metrics"]["ttft_ms"]["p50"] for r in rows]
         up = [r["metrics"]["ttft_ms"]["p90"] - r["metrics"]["ttft_ms"]["p50"] for r in rows]
         left.errorbar(x, p50, yerr=[[0] * len(x), up], marker="o", capsize=3, label=f"out {o}, {conc} client(s)")
-    left.set(xscale="log", xlabel="prompt tokens", ylabel="TTFT ms (p50, bar to p90)", title="Time to first token")
+    lengths = sorted({c["prompt_tokens"] for c in cells})
+    left.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT ms (p50, bar to p90; log scale)",
+             title="Time to first token")
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.minorticks_off()
     left.legend(fontsize=8)
     with_itl = [c for c in cells if c["requests"] and any(r["itl_ms"] for r in c["requests"])]
     data = [[x for r in c["requests"] if r["outcome"] == "completed" for x in r["itl_ms"]] for c in with_itl]

@@ -79,8 +79,9 @@ CELL = {"type": "object",
                        "estimates": {"type": "object"},
                        "requests": {"type": "array", "items": REQUEST}}}
 RUNNER = {"type": ["object", "null"],
-          "required": ["tokens", "prefill_ms", "step_ms_median", "tokens_per_s"],
-          "properties": {"tokens": INT, "prefill_ms": OPT_NUM, "step_ms_median": OPT_NUM, "tokens_per_s": OPT_NUM}}
+          "required": ["tokens", "prefill_ms", "step_ms_median", "step_ms_p10", "tokens_per_s"],
+          "properties": {"tokens": INT, "prefill_ms": OPT_NUM, "step_ms_median": OPT_NUM, "step_ms_p10": OPT_NUM,
+                         "tokens_per_s": OPT_NUM}}
 COMPARISON = {"type": "object",
               "required": ["prompt_tokens", "output_tokens_target", "repeat", "order", "engine", "bare_loop",
                            "generate_streamer", "greedy_identical", "estimates", "ratios"],

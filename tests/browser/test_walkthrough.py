@@ -261,6 +261,21 @@ def test_lab_run_is_shown_and_a_bad_one_is_refused(page, fake_server, console_er
     assert console_errors == []
 
 
+def test_without_its_trace_the_figure_says_it_is_schematic(page, fake_server):
+    page.route("**/trace-example.json", lambda route: route.fulfill(status=500, body="broken"))
+    page.set_viewport_size(WIDE)
+    page.goto(fake_server.url + "/#stage-decode")
+    figure = page.locator(FIGURE)
+    expect(figure).to_have_attribute("data-source", "schematic")
+    expect(page.locator(".wt-source-tag")).to_have_text("schematic")
+    expect(page.locator(".wt-timeline-legend")).to_contain_text("no measured times")
+    expect(page.locator(".wt-run-status")).to_contain_text("could not be loaded")
+    assert page.locator(".wt-step .tag-measured").count() == 0, "no number claims to be measured"
+    page.locator(".wt-next").click()
+    expect(figure).to_have_attribute("data-stage", "cache")
+    assert snapshot(page)["cacheColumns"] > 0
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1440", "375"])
 def test_live_run_plays_the_real_models_events(page, real_server, console_errors, viewport):

@@ -1,7 +1,7 @@
 // The experiments' DOM: one button per experiment card runs its planned requests (one after the
 // other, or back to back for the concurrency one) through the lab's `launch`, then draws the
 // analysis. One experiment runs at a time so their timings do not disturb each other.
-import { EXPERIMENTS, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent } from './experiments.js';
+import { EXPERIMENTS, completed, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent } from './experiments.js';
 import { describeStatus } from './run-state.js';
 import { fetchModel } from './api.js';
 import { lineChart, laneChart } from '../charts/charts.js';
@@ -68,12 +68,12 @@ export function mountExperiments(root, launch) {
     const statusEl = card.querySelector('.lab-exp-status');
     try {
       const results = await runPlan(card, experiment);
-      const failed = results.filter(({ run }) => run.status !== 'finished');
+      const failed = results.filter(({ run }) => !completed(run));
       await DRAW[key](card, results);
       card.dataset.state = failed.length ? 'incomplete' : 'done';
       statusEl.textContent = failed.length
         ? `Done, but ${failed.map(({ label, run }) => `${label}: ${describeStatus(run)}`).join(' ')}`
-        : `Done: ${results.length} runs, all finished. Each is also in the history below.`;
+        : `Done: ${results.length} runs, all complete. Each is also in the history below.`;
     } catch (err) {
       card.dataset.state = 'failed';
       statusEl.textContent = `The experiment could not run: ${err.message}`;

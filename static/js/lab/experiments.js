@@ -24,8 +24,8 @@ export const EXPERIMENTS = {
   kv: {
     title: 'KV on/off',
     plan: () => [
-      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 32, kv_cache: true }) },
-      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 32, kv_cache: false }) },
+      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 24, kv_cache: true }) },
+      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 24, kv_cache: false }) },
     ],
   },
   delivery: {
@@ -56,6 +56,12 @@ export const EXPERIMENTS = {
     ],
   },
 };
+
+// A run gives an experiment whole data only if it ended on its own terms: a timeout or a
+// cancellation leaves a series cut short.
+export function completed(run) {
+  return run.status === 'finished' && ['eos', 'max_tokens', 'stop_string'].includes(run.terminal.reason);
+}
 
 const tokenEvents = (run) => run.events.filter((e) => e.type === 'token');
 const eventOf = (run, type) => run.events.find((e) => e.type === type);

@@ -51,6 +51,7 @@ function sourceLine(state, run) {
     case 'recorded': return ['Recorded run', ` · ${where} · ${when}`, 'measured'];
     case 'live': return [run.end ? 'Live run' : 'Live run, events arriving', ` · ${where}`, 'measured'];
     case 'imported': return ['Run from the lab', ` · ${where} · ${when}`, run.measured ? 'measured' : 'schematic'];
+    case 'loading': return ['Loading the recorded run…', '', 'schematic'];
     default: return ['Schematic', ` · ${run.note || 'shapes only'}`, 'schematic'];
   }
 }

@@ -53,7 +53,10 @@ function setStage(i, { scroll = false, hash = false } = {}) {
   const changed = index !== ctx.index;
   ctx.index = index;
   if (changed) render();
-  if (scroll) scrollToStep(ctx.dom.steps[index]);
+  if (scroll) {
+    ctx.anchored = true;
+    scrollToStep(ctx.dom.steps[index]);
+  }
   if (hash) history.replaceState(null, '', `#stage-${STAGES[index].name}`);
 }
 
@@ -69,6 +72,7 @@ function onScrolledTo(i) {
   // The reader scrolled somewhere else: stop steering the page.
   stopPlay();
   ctx.follow = false;
+  ctx.anchored = false;
   setStage(i);
 }
 
@@ -108,10 +112,14 @@ async function loadRecorded() {
     const trace = parseTrace(await res.json());
     if (!ctx) return;
     ctx.recorded = trace;
-    if (ctx.source === 'schematic') setRun(deriveRun(trace), trace.synthetic ? 'schematic' : 'recorded');
+    if (ctx.source === 'loading') setRun(deriveRun(trace), trace.synthetic ? 'schematic' : 'recorded');
+    // The real numbers change the prose's length: keep a linked or chosen stage at the reading line.
+    if (ctx.anchored) scrollToStep(ctx.dom.steps[ctx.index]);
     updateRunButton();
   } catch (err) {
-    if (ctx) say(`The recorded run could not be loaded (${err.message}); the figure shows schematic shapes.`);
+    if (!ctx) return;
+    if (ctx.source === 'loading') setRun(ctx.run, 'schematic');
+    say(`The recorded run could not be loaded (${err.message}); the figure shows schematic shapes.`);
   }
 }
 
@@ -247,8 +255,8 @@ export function mount(el) {
     run: q('.wt-run'), stop: q('.wt-stop'), back: q('.wt-back'), status: q('.wt-run-status'),
     list: [...el.querySelectorAll('.wt-stage-list button')], steps: [...el.querySelectorAll('.wt-step')],
   };
-  ctx = { el, dom, index: 0, run: schematicRun(), source: 'schematic', recorded: null, live: null,
-    handle: null, follow: false, playTimer: null, cleanups: [] };
+  ctx = { el, dom, index: 0, run: schematicRun(), source: 'loading', recorded: null, live: null,
+    handle: null, follow: false, anchored: false, playTimer: null, cleanups: [] };
   ctx.figure = createFigure(dom.figure);
   showFacts();
   render();
