@@ -415,8 +415,10 @@ def test_real_two_requests_second_waits_in_queue(real_server, page, page_errors)
     segs = lambda lane, kind: page.locator(f'[data-experiment="concurrent"] [data-lane="{lane}"] .chart-seg-{kind}')
     b_queue = segs("B", "queue")
     assert float(b_queue.get_attribute("data-to")) - float(b_queue.get_attribute("data-from")) > 0
-    # B's prefill waited for A's whole answer.
-    assert float(segs("B", "prefill").get_attribute("data-from")) >= float(segs("A", "decode").get_attribute("data-to"))
+    # B stayed queued while A decoded. The lanes are on the browser's clock and A's end and B's start
+    # arrive on two sockets, so their order can swap by a few ms: "most of A's decode" is the check.
+    a_from, a_to = (float(segs("A", "decode").get_attribute(k)) for k in ("data-from", "data-to"))
+    assert float(segs("B", "prefill").get_attribute("data-from")) >= a_from + 0.9 * (a_to - a_from)
     expect(card.locator(".lab-exp-summary")).to_contain_text("B waited in the queue (position 1")
     b_id = frames(page, "accepted")[-1]["request_id"]
     b_queued = [f for f in frames(page, "queued") if f["request_id"] == b_id]

@@ -80,7 +80,7 @@ def test_21_hostile_model_text_renders_inert_and_the_csp_blocks_inline_script(pa
     shown = answer.inner_text()
     assert all(evil in shown for evil in EVIL), shown
     answer.locator(".atok").first.hover()
-    expect(page.locator("#lab-candidates")).to_contain_text("onerror")
+    expect(page.locator("#lab-candidates")).to_contain_text(EVIL[1])  # token 0's candidates
     assert page.locator("#lab img, #lab script, #lab-answer svg, #lab-candidates svg").count() == 0
     assert page.evaluate("window.__xss") is None
     assert console_errors == []
