@@ -18,17 +18,22 @@ LAB = "#lab"
 RUN_TIMEOUT = 120_000  # ms: one real-model run on a shared 2-core CPU
 EXPERIMENT_TIMEOUT = 300_000
 
-# Records, in the page, every socket opened and every frame received, in order.
+# Records, in the page, every socket opened and every frame sent and received, in order.
 RECORD_FRAMES = """
 (() => {
   const Native = window.WebSocket;
   window.__labSockets = [];
   window.__labFrames = [];
+  window.__labSent = [];
   window.WebSocket = class extends Native {
     constructor(...args) {
       super(...args);
       window.__labSockets.push(this);
       this.addEventListener('message', (m) => { try { window.__labFrames.push(JSON.parse(m.data)); } catch {} });
+    }
+    send(data) {
+      window.__labSent.push(JSON.parse(data));
+      super.send(data);
     }
   };
 })();
@@ -55,8 +60,9 @@ def page_errors(page):
 def open_lab(page, server):
     page.add_init_script(RECORD_FRAMES)
     page.goto(f"{server.url}/")
-    expect(page.locator('#model-status[data-status="ready"]')).to_be_attached(timeout=60_000)
-    expect(page.locator("#lab-prompt-tokens .ptok").first).to_be_attached(timeout=30_000)
+    # Generous: the page's other figures load too, on a CPU shared with the model.
+    expect(page.locator('#model-status[data-status="ready"]')).to_be_attached(timeout=120_000)
+    expect(page.locator("#lab-prompt-tokens .ptok").first).to_be_attached(timeout=60_000)
     page.locator(LAB).scroll_into_view_if_needed()
 
 
@@ -91,6 +97,8 @@ def shoot(page, name: str, selector: str):
     """Screenshots at phone and desktop widths, with `selector` scrolled into view."""
     for width, height in ((375, 800), (1440, 900)):
         page.set_viewport_size({"width": width, "height": height})
+        # Charts redraw for the new width on the next animation frame; wait two to be sure.
+        page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
         page.locator(selector).scroll_into_view_if_needed()
         screenshot(page, f"{name}-{width}")
 
@@ -219,6 +227,38 @@ def test_run_streams_with_metrics_and_candidates_fake(fake_server, page, page_er
     page.focus("#lab-answer")
     page.keyboard.press("End")
     expect(page.locator("#lab-candidates p")).to_contain_text(f"Token {len(tokens) - 1}:")
+    assert page_errors == []
+
+
+def test_controls_reach_the_server(fake_server, page, page_errors):
+    open_lab(page, fake_server)
+    set_max_new(page, 200)
+    page.fill("#lab-stop", "cache")
+    page.check('input[name="lab-delivery"][value="buffered"]')
+    page.uncheck("#lab-kv-cache")
+    page.fill("#lab-prefill-chunk", "16")
+    run_and_wait(page, "finished")
+    accepted = frames(page, "accepted")[-1]
+    assert (accepted["delivery"], accepted["kv_cache"], accepted["prefill_chunk"]) == ("buffered", False, 16)
+    assert len(frames(page, "prefill_chunk")) == -(-accepted["prompt_tokens"] // 16)
+    done = frames(page, "finished")[-1]
+    assert done["reason"] == "stop_string" and done["text"] == "Hello from the fake model. The "
+    # Buffered: no token released text, and the answer shows the whole text once, at the end.
+    assert all(t["text"] == "" for t in frames(page, "token"))
+    expect(page.locator("#lab-answer .lab-answer-text")).to_have_text(done["text"])
+    expect(page.locator("#lab-status")).to_contain_text("a stop string appeared")
+    sent = page.evaluate("window.__labSent")[-1]
+    assert sent["stop"] == ["cache"] and sent["sampling"] == {"temperature": 0, "top_k": None, "top_p": 1.0, "seed": None}
+    # Sampling sends its settings; the seed fixes the text.
+    page.check('input[name="lab-sampling"][value="sample"]')
+    page.fill("#lab-top-k", "40")
+    page.fill("#lab-seed", "7")
+    texts = []
+    for _ in range(2):
+        run_and_wait(page, "finished")
+        texts.append(frames(page, "finished")[-1]["text"])
+    assert page.evaluate("window.__labSent")[-1]["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 7}
+    assert texts[0] == texts[1]
     assert page_errors == []
 
 

@@ -27,16 +27,6 @@ END = TRACE["events"][-1]
 PREFILL_END = next(e for e in TRACE["events"] if e["type"] == "prefill_end")
 
 
-@pytest.fixture
-def console_errors(page):
-    """Console and page errors, except the browser's own favicon probe (the page has no icon)."""
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text)
-            if m.type == "error" and not m.location.get("url", "").endswith("/favicon.ico") else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    return errors
-
-
 def reading_line(page) -> float:
     """The line where a step becomes the stage: half-way down when wide, 80% down when narrow."""
     width, height = page.viewport_size["width"], page.viewport_size["height"]
@@ -69,6 +59,7 @@ def snapshot(page) -> dict:
         answerTokens: all('.wt-tok').length,
         bounds: !!f.querySelector('.wt-answer.show-bounds'),
         end: (f.querySelector('.wt-end') || {}).textContent || '',
+        endMarkedComplete: !!f.querySelector('.wt-end.complete'),
         readout: f.querySelector('.wt-readout').textContent,
         dimLanes: all('.wt-lane.is-dim').length,
         title: f.querySelector('.wt-stage-name').textContent,
@@ -100,6 +91,8 @@ def check_stage(state: dict, stage: str) -> None:
         assert state["highlighted"] >= 2, "a word cut into several tokens is marked"
     if stage in ("end", "map"):
         assert END["reason"] in state["end"]
+        # Only an end token or a stop string ends an answer on its own terms; a budget cuts it short.
+        assert state["endMarkedComplete"] == (END["reason"] in ("eos", "stop_string"))
     if stage in ("delivery", "end", "map"):
         assert state["panelText"].startswith(END["text"])
 

@@ -122,7 +122,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("runs", [250, pytest.param(1000, marks=pytest.mark.full)])
+@pytest.mark.parametrize("runs", [200, pytest.param(1000, marks=pytest.mark.full)])
 def test_16_every_stream_ends_with_exactly_one_terminal_event_in_mixed_runs(
         runs, engine_factory, inprocess_server, monkeypatch, figures):
     engine = engine_factory("fake")

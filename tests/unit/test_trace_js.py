@@ -153,6 +153,8 @@ def test_an_interrupted_run_says_it_is_incomplete(js):
       return stages.endSentence(trace.deriveRun({...T, events}).end);""")
     assert "incomplete" in sentence and "Cancelled" in sentence
     assert "cut short" in js("return stages.endSentence({type: 'finished', reason: 'max_tokens'});")
+    assert js("""return ['eos', 'stop_string', 'max_tokens', 'timeout', 'context_full'].map(
+      (reason) => stages.answerComplete({type: 'finished', reason}));""") == [True, True, False, False, False]
 
 
 def test_the_token_grid_fits_its_lane_for_any_budget(js):

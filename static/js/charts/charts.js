@@ -24,6 +24,22 @@ function widthOf(container) {
   return w > 0 ? Math.max(MIN_W, Math.min(MAX_W, Math.round(w))) : MAX_W;
 }
 
+// Charts redraw when their container's width changes (a phone turned, a window resized), so the
+// drawing keeps fitting. Redraws wait for the next frame: drawing inside the observer callback
+// would resize the container again within the same frame.
+const drawn = new WeakMap(); // container → {W, draw}
+const resizer = typeof ResizeObserver === 'undefined' ? null : new ResizeObserver((entries) => {
+  for (const { target } of entries) {
+    const rec = drawn.get(target);
+    if (rec && widthOf(target) !== rec.W) requestAnimationFrame(() => { if (drawn.get(target) === rec) rec.draw(); });
+  }
+});
+
+function remember(container, W, draw) {
+  drawn.set(container, { W, draw });
+  resizer?.observe(container);
+}
+
 // The <svg> with its accessible name and description; the container gets it as its only child.
 function frame(container, { title, desc, height = H, className = '' }) {
   idCounter += 1;
@@ -81,8 +97,10 @@ function emptyNote(svg, W, text, height = H) {
 
 // series: [{name, points: [{x, y}], style: 'line' | 'points' | 'both', hollow}]; hollow points let
 // a line drawn under them (say, a formula over a measurement) stay visible.
-export function lineChart(container, { title, desc, xLabel, yLabel, series, emptyText = 'no data yet' }) {
+export function lineChart(container, options) {
+  const { title, desc, xLabel, yLabel, series, emptyText = 'no data yet' } = options;
   const { svg, W } = frame(container, { title, desc });
+  remember(container, W, () => lineChart(container, options));
   const all = series.flatMap((s) => s.points);
   const xs = niceDomain(extent(all.map((p) => p.x), [0, 1]), 6);
   const [ylo, yhi] = extent(all.map((p) => p.y), [0, 1]);
@@ -110,8 +128,10 @@ export function lineChart(container, { title, desc, xLabel, yLabel, series, empt
   return svg;
 }
 
-export function histogram(container, { title, desc, xLabel, yLabel = 'count', values, binCount = 12, emptyText = 'no data yet' }) {
+export function histogram(container, options) {
+  const { title, desc, xLabel, yLabel = 'count', values, binCount = 12, emptyText = 'no data yet' } = options;
   const { svg, W } = frame(container, { title, desc });
+  remember(container, W, () => histogram(container, options));
   const bins = histogramBins(values, binCount);
   const xs = bins.length ? [bins[0].x0, bins[bins.length - 1].x1] : [0, 1];
   // Counts are whole numbers: at least 0–4 on the axis, so no tick falls between two counts.
@@ -133,10 +153,12 @@ export function histogram(container, { title, desc, xLabel, yLabel = 'count', va
 
 // lanes: [{name, segments: [{from, to, kind}], marks: [{at, label}]}] on one shared time axis.
 // `kind` names a CSS class (chart-seg-KIND), e.g. queue / prefill / decode / waiting / receiving.
-export function laneChart(container, { title, desc, xLabel, lanes, kinds = [] }) {
+export function laneChart(container, options) {
+  const { title, desc, xLabel, lanes, kinds = [] } = options;
   const laneH = 34;
   const height = M.top + lanes.length * laneH + M.bottom;
   const { svg, W } = frame(container, { title, desc, height, className: 'chart-lanes' });
+  remember(container, W, () => laneChart(container, options));
   const all = lanes.flatMap((l) => [...l.segments.flatMap((s) => [s.from, s.to]), ...(l.marks || []).map((m) => m.at)]);
   const xs = niceDomain([0, extent(all, [0, 1])[1]], 6);
   const left = M.left + 40;

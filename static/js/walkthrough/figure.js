@@ -2,7 +2,7 @@
 // the panel (messages, rendered prompt, token pieces, candidates or the answer) and the measured
 // timeline strip. Elements are kept and updated in place; model text goes in with textContent only.
 import { W, H, LANES, messageCards, tokenGrid, cacheColumns, queueSlot, decodeTick, timelineBoxes } from './layout.js';
-import { STAGES, readout, fmtMs, fmtBytes, fmtInt, endSentence } from './stages.js';
+import { STAGES, readout, fmtMs, fmtBytes, fmtInt, endSentence, answerComplete } from './stages.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const LANE_NAMES = ['messages', 'prompt', 'queue', 'model', 'cache'];
@@ -211,7 +211,7 @@ export function createFigure(figureEl) {
     const out = html('p', `wt-answer${state.output.boundaries ? ' show-bounds' : ''}`, null, body);
     if (!state.output.tokens.length) html('span', 'wt-empty', 'nothing yet: the answer starts when prefill ends', out);
     for (const t of state.output.tokens) html('span', `wt-tok${t.pending ? ' pending' : ''}`, t.text, out);
-    if (state.end) html('p', `wt-end ${state.end.complete ? 'complete' : 'incomplete'}`, endSentence(state.end), body);
+    if (state.end) html('p', `wt-end ${answerComplete(state.end) ? 'complete' : 'incomplete'}`, endSentence(state.end), body);
   }
 
   function drawTimeline(state, run) {

@@ -147,13 +147,18 @@ const END_WORDS = {
   cancelled: 'it was cancelled',
 };
 
+// Whether the answer ended on its own terms: an end token or a stop string. A budget, a full
+// context, a timeout, a cancel or an error leave it cut short, and the figure says so.
+export function answerComplete(end) {
+  return !!end && end.type === 'finished' && (end.reason === 'eos' || end.reason === 'stop_string');
+}
+
 export function endSentence(end) {
   if (!end) return '';
   if (end.type === 'error') return `Error (${end.reason}): ${end.message || 'no answer'} — the answer is incomplete.`;
   if (end.type === 'cancelled') return `Cancelled (${end.cause || 'client'}, during ${end.state || '?'}) — the answer is incomplete.`;
   const why = END_WORDS[end.reason] || end.reason;
-  const complete = end.reason === 'eos' || end.reason === 'stop_string';
-  return `Finished: ${end.reason} — ${why}.${complete ? '' : ' The answer may be cut short.'}`;
+  return `Finished: ${end.reason} — ${why}.${answerComplete(end) ? '' : ' The answer may be cut short.'}`;
 }
 
 // Facts the story prose shows (keys are the template's data-fact names), from the run on display.
