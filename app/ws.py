@@ -93,6 +93,9 @@ class _SendAllSocket:
         return getattr(self._raw, name)
 
 
+SEND_BUFFER_BYTES = 64 * 1024
+
+
 def bound_send_time(ws, seconds: float) -> None:
     """Make a send to a client that stopped reading fail after `seconds` instead of blocking its
     thread forever. SO_SNDTIMEO limits sends only; receives keep blocking as simple-websocket expects."""
@@ -101,6 +104,10 @@ def bound_send_time(ws, seconds: float) -> None:
         return
     whole = int(seconds)
     try:
+        # A modest send buffer, so a client that stops reading fills it within one answer and the
+        # engine's bounded per-request buffer (then `slow_client`) is reachable, not hidden by MBs
+        # of kernel buffering.
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
     except OSError:
         return  # a platform without SO_SNDTIMEO keeps plain blocking sends

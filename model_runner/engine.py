@@ -64,6 +64,7 @@ class Engine:
         self._status = "ready" if loaded else "loading"
         self._reason: str | None = None
         self._stopping = False
+        self._closed: str | None = None  # why the worker takes no more requests (set under the lock)
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self.steps = 0  # model steps run, for tests and health
@@ -99,8 +100,8 @@ class Engine:
     def health(self) -> tuple[bool, str]:
         if self._status == "failed":
             return False, f"model failed to load: {self._reason}"
-        if self._thread is None or not self._thread.is_alive():
-            return False, f"engine worker is not running: {self._reason or 'not started'}"
+        if self._closed is not None or self._thread is None or not self._thread.is_alive():
+            return False, f"engine worker is not running: {self._closed or self._reason or 'not started'}"
         return True, self._status
 
     # ---- API for any thread ----------------------------------------------------------------------
@@ -118,6 +119,8 @@ class Engine:
         request.max_new_tokens = view.budget["max_new_tokens"]
         handle = RequestHandle(request, self.config.event_buffer, self._cancel)
         with self._lock:
+            if self._closed is not None:  # checked under the lock: the worker may be draining now
+                raise UserError(f"the model is not available: {self._closed}", code="model_failed")
             self.scheduler.add(request)  # raises overloaded before anything is emitted
             self._runs[self._key(request)] = _Run(handle)
             handle.push(ev.Accepted(
@@ -173,6 +176,8 @@ class Engine:
             log.error("engine worker died: %s", self._reason)
             raise
         finally:
+            with self._lock:
+                self._closed = "shutting down" if self._stopping else f"engine worker died: {self._reason}"
             self._drain("shutdown" if self._stopping else "worker_dead")
 
     def step(self) -> None:

@@ -57,7 +57,8 @@ class LiveServer:
         raise TimeoutError(f"server not ready after {timeout}s: {last}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:

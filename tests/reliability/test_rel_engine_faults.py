@@ -214,12 +214,6 @@ def test_18_a_dead_worker_makes_healthz_503_and_new_requests_fail_at_once(
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: after the worker loop dies, health() and submit() go by thread.is_alive(), which stays "
-    "True until the thread has finished its `finally: _drain(...)`; a request submitted in that window is "
-    "queued after the drain and never gets a terminal event (model_runner/engine.py: _worker, health, "
-    "_require_ready). Fix: mark the worker dead under the lock before draining; check it in health() and "
-    "in submit() under the same lock."))
 def test_18b_no_request_is_accepted_while_the_dying_worker_thread_exits(engine_factory, monkeypatch):
     engine = engine_factory("fake:delay=5")
     drained, release = threading.Event(), threading.Event()

@@ -76,7 +76,9 @@ def test_12_a_half_open_client_is_closed_after_about_two_ping_intervals_and_free
     log = LogCursor(slow_server)
     raw = RawClient(slow_server.port, browser_headers(slow_server))
     opened = time.monotonic()
-    raw.send_text(json.dumps(generate_frame("silent", max_new_tokens=400)))
+    # Long work (a 365-token prompt read one token per step): it cannot end before the pings do.
+    raw.send_text(json.dumps(generate_frame("silent", messages=[{"role": "user", "content": "long " * 60}],
+                                            prefill_chunk=1, max_new_tokens=8)))
     # From here the client neither reads nor answers pings; the server must notice on its own.
     assert server_holds_connection(slow_server, raw.local_port)
     wait_until(lambda: not server_holds_connection(slow_server, raw.local_port),

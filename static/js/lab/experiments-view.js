@@ -111,9 +111,10 @@ const DRAW = {
       desc: 'Each point is one decode step: x is the sequence length it worked on, y its time in ms.',
       xLabel: 'position (prompt + tokens so far)', yLabel: 'step ms', series,
     });
-    summary(card, `Without the cache a step took ${num(slopes['cache off'], 2)} ms more per extra position `
-      + `(median ${num(medians['cache off'])} ms); with it, ${num(slopes['cache on'], 2)} ms per position `
-      + `(median ${num(medians['cache on'])} ms). Measured.`);
+    summary(card, `Without the cache each extra position added about ${num(slopes['cache off'], 2)} ms to a step `
+      + `(median step ${num(medians['cache off'])} ms); with it, ${num(slopes['cache on'], 2)} ms per position `
+      + `(median step ${num(medians['cache on'])} ms). Each slope is the median over all pairs of steps, so one step `
+      + 'slowed by something else on the machine cannot set it. Measured.');
   },
   delivery(card, results) {
     const { rows, lanes } = analyseDelivery(results);

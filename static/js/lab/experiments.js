@@ -2,7 +2,7 @@
 // them in the history), and the analysis
 // that turns its finished runs into chart series and table rows. Sizes are kept small so each
 // experiment takes seconds, not minutes, on a 2-core CPU with the default model.
-import { median, slope, prefillFlopsPerS, decodeBytesPerS, decodeFlopsPerS } from './metrics.js';
+import { median, robustSlope, prefillFlopsPerS, decodeBytesPerS, decodeFlopsPerS } from './metrics.js';
 
 const GREEDY = { temperature: 0, top_k: null, top_p: 1.0, seed: null };
 const BASE = { sampling: GREEDY, stop: [], delivery: 'stream', kv_cache: true, prefill_chunk: 0, overflow: 'reject' };
@@ -78,7 +78,7 @@ export function analyseKv(results) {
     const points = tokenEvents(run).filter((e) => e.index > 0).map((e) => ({ x: prompt + e.index, y: e.step_ms }));
     return { name: label, points, style: 'both' };
   });
-  const slopes = Object.fromEntries(series.map((s) => [s.name, slope(s.points)]));
+  const slopes = Object.fromEntries(series.map((s) => [s.name, robustSlope(s.points)]));
   const medians = Object.fromEntries(series.map((s) => [s.name, median(s.points.map((p) => p.y))]));
   return { series, slopes, medians };
 }

@@ -26,19 +26,18 @@ export function timePerOutputToken(e2eMs, ttftMs, tokens) {
   return (e2eMs - ttftMs) / (tokens - 1);
 }
 
-// Least-squares slope of y against x (ms per position, say); null with fewer than two x values.
-export function slope(points) {
-  const n = points.length;
-  if (n < 2) return null;
-  const mx = points.reduce((s, p) => s + p.x, 0) / n;
-  const my = points.reduce((s, p) => s + p.y, 0) / n;
-  let num = 0;
-  let den = 0;
-  for (const p of points) {
-    num += (p.x - mx) * (p.y - my);
-    den += (p.x - mx) ** 2;
+// Theil–Sen slope of y against x: the median of the slopes between every pair of points. One step
+// slowed by another process barely moves it, where it could flip a least-squares fit. Null with
+// fewer than two distinct x values.
+export function robustSlope(points) {
+  const slopes = [];
+  for (let i = 0; i < points.length; i += 1) {
+    for (let j = i + 1; j < points.length; j += 1) {
+      const dx = points[j].x - points[i].x;
+      if (dx !== 0) slopes.push((points[j].y - points[i].y) / dx);
+    }
   }
-  return den ? num / den : null;
+  return median(slopes);
 }
 
 // Estimate: a forward pass costs about 2 FLOPs per parameter per token, so prefill of N tokens
