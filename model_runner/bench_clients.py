@@ -34,7 +34,9 @@ class RequestRecord:
     message: str | None = None
     prompt_tokens: int | None = None
     sent: float | None = None  # client clock when the request left
-    server_zero: float | None = None  # client-clock time of the server's t_ms = 0 (upper bound over a socket)
+    server_zero: float | None = None  # client-clock time of the server's t_ms = 0 (over a socket: the send time)
+    zero_exact: bool = False  # in-process the engine's own submit stamp is known, so delivery is exact
+    accepted_lag_ms: float | None = None  # receipt of `accepted` minus its t_ms (the first event's trip)
     token_at: list[float] = field(default_factory=list)
     token_t_ms: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -79,15 +81,29 @@ class RequestRecord:
 
     @property
     def delivery_ms(self) -> list[float]:
+        """Engine stamp -> client receipt per token: exact in-process; over a socket an upper bound,
+        since the server's submit happened some time after the client's send."""
         if self.server_zero is None:
             return []
         return [(at - self.server_zero) * 1000 - t for at, t in zip(self.token_at, self.token_t_ms)]
+
+    @property
+    def delivery_lower_ms(self) -> list[float]:
+        """Over a socket, a lower bound: the upper bound less the `accepted` event's own lag, which
+        is the request's whole trip in plus that event's trip out (>= 0), so what is left never
+        exceeds the true delivery; clipped at zero. Loose when `accepted` is slow to go out (the
+        server starts a pump thread to send it)."""
+        if self.zero_exact or self.accepted_lag_ms is None:
+            return self.delivery_ms
+        return [max(0.0, d - self.accepted_lag_ms) for d in self.delivery_ms]
 
     def observe(self, event: Any, at: float) -> bool:
         """Take one event (an engine Event, or a namespace over a JSON event); True when terminal."""
         kind = event.type
         if kind == "accepted":
             self.prompt_tokens = event.prompt_tokens
+            if self.server_zero is not None:
+                self.accepted_lag_ms = (at - self.server_zero) * 1000 - event.t_ms
         elif kind == "token":
             self.token_at.append(at)
             self.token_t_ms.append(event.t_ms)
@@ -143,7 +159,7 @@ class InProcessClient:
         except UserError as exc:  # refused at the door (queue full, prompt too long): still counted
             record.fail(exc.code, exc.message)
             return record
-        record.server_zero = handle.request.submitted_at
+        record.server_zero, record.zero_exact = handle.request.submitted_at, True
         cancelled = False
         while True:
             event = handle.next_event(timeout=STALL_S)

@@ -12,7 +12,8 @@ from typing import TextIO
 
 from .bench_stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
 
-LABELS = {"queue_ms": "queue", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+LABELS = {"queue_ms": "queue", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E",
+          "delivery_ms": "delivery", "delivery_lower_ms": "deliv-lo"}
 PLOT_MISSING = ("--plot needs matplotlib, an optional extra: pip install 'kvscope[plot]' (or pip install matplotlib); "
                 "the table and the JSON are complete without it")
 
@@ -63,9 +64,10 @@ def print_report(report: dict, out: TextIO) -> None:
             f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s", file=out)
     print(f"command: {report['command']}", file=out)
     print("\nDefinitions (as vLLM's `bench serve`; milliseconds, measured where the client reads events):", file=out)
-    for key in (*METRICS, "delivery_ms"):
-        print(f"  {LABELS.get(key, 'delivery'):8} {DEFINITIONS[key]}", file=out)
-    _cells(report["cells"], out)
+    delivery = ("delivery_ms", "delivery_lower_ms") if report["mode"] == "websocket" else ("delivery_ms",)
+    for key in (*METRICS, *delivery):
+        print(f"  {LABELS[key]:8} {DEFINITIONS[key]}", file=out)
+    _cells(report["cells"], delivery, out)
     if report["comparisons"]:
         _baselines(report["comparisons"], out)
     _ratios(report["ratios"], out)
@@ -81,7 +83,7 @@ def print_report(report: dict, out: TextIO) -> None:
         print(f"note: {note}", file=out)
 
 
-def _cells(cells: list[dict], out: TextIO) -> None:
+def _cells(cells: list[dict], delivery: tuple[str, ...], out: TextIO) -> None:
     print("\nPer cell: distributions over completed requests (ITL pooled over their tokens); "
           "every request counted", file=out)
     for c in cells:
@@ -96,9 +98,10 @@ def _cells(cells: list[dict], out: TextIO) -> None:
             d = c["metrics"][key]
             print(f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean']):>9} {_f(d['p50']):>9} {_f(d['p90']):>9} "
                   f"{_f(d['p99']):>9}", file=out)
-        d = c["delivery_ms"]
-        print(f"  {'delivery':8} {d['n']:>5} {_f(d['mean'], 2):>9} {_f(d['p50'], 2):>9} {_f(d['p90'], 2):>9} "
-              f"{_f(d['p99'], 2):>9}", file=out)
+        for key in delivery:
+            d = c[key]
+            print(f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean'], 2):>9} {_f(d['p50'], 2):>9} {_f(d['p90'], 2):>9} "
+                  f"{_f(d['p99'], 2):>9}", file=out)
 
 
 def _group(comparisons: list[dict]) -> dict[tuple[int, int], list[dict]]:
@@ -140,11 +143,13 @@ def _ratios(ratios: dict, out: TextIO) -> None:
     for key, r in ratios.items():
         s = r["spread"]
         if key == "delivery_p95_ms":
-            shown = "-" if r["value"] is None else f"{r['value']:.2f} ms (per cell {_f(s['min'], 2)}-{_f(s['max'], 2)})"
+            bounds = f"{r['value_lower']:.2f}-" if r["value_lower"] != r["value"] else ""
+            shown = "-" if r["value"] is None else f"{bounds}{r['value']:.2f} ms"
         else:
             shown = _x(s, 3)
         goal = "" if r["target"] is None else f"{'<=' if r['direction'] == 'max' else '>='} {r['target']:g}"
-        verdict = {True: "met", False: "MISSED", None: ""}[r["met"]]
+        undecided = "undecided" if r["target"] is not None and r["value"] is not None else ""
+        verdict = {True: "met", False: "MISSED", None: undecided}[r["met"]]
         print(f"  {r['what']:<92} {shown:>26} {goal:>8} {verdict}", file=out)
 
 

@@ -404,15 +404,14 @@ def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page
     open_lab(page, real_server)
     run_experiment(page, "kv")
     off, on = points(page, "kv", "cache off"), points(page, "kv", "cache on")
-    assert len(off) == len(on) == 23
-    third = len(off) // 3
-    late = lambda pts: statistics.median(y for _, y in pts[-third:])
-    early = lambda pts: statistics.median(y for _, y in pts[:third])
-    # Without the cache each step recomputes the whole sequence: its time rises with position,
-    # and its late steps cost more than the cached ones.
+    assert len(off) == len(on) == 39
+    # Without the cache each step recomputes the whole sequence: its time rises with position, faster
+    # than with the cache, and its late steps cost more than the cached ones. (Medians and pairwise
+    # slopes: this CPU is shared, and a single disturbed step must not decide the outcome.)
     assert robust_slope(off) > 0
-    assert late(off) > early(off)
-    assert late(off) > late(on)
+    assert robust_slope(off) > robust_slope(on)
+    last = len(off) // 3
+    assert statistics.median(y for _, y in off[-last:]) > statistics.median(y for _, y in on[-last:])
     shoot(page, "lab-exp-kv", '[data-experiment="kv"]')
     assert page_errors == []
 

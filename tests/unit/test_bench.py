@@ -36,14 +36,19 @@ def test_ratios_report_median_and_range_and_judge_targets():
     comparisons = [{"ratios": {"engine_step_over_bare": v, "engine_tps_over_generate": t}}
                    for v, t in ((1.01, 1.0), (1.05, 1.2), (1.02, 1.1))]
     cells = [{"delivery_ms": describe([1.0, 2.0, 50.0])}]
-    report = ratio_report(comparisons, cells, [1.0, 2.0, 50.0], "websocket")
+    slow = [1.0, 2.0, 50.0]  # p95 45.2 ms
+    report = ratio_report(comparisons, cells, (slow, [x - 10 for x in slow]), "websocket")
     step = report["engine_step_over_bare"]
     assert step["spread"] == {"n": 3, "median": 1.02, "min": 1.01, "max": 1.05}
     assert (step["target"], step["met"]) == (1.03, True)
     assert report["engine_tps_over_generate"]["met"] is True  # median 1.1 >= 1.10
     assert report["bare_tps_over_generate"]["spread"]["n"] == 0 and report["bare_tps_over_generate"]["met"] is None
-    assert report["delivery_p95_ms"]["met"] is False  # p95 of [1, 2, 50] is 45.2 ms > 30 ms
-    in_process = ratio_report(comparisons, cells, [1.0, 2.0, 50.0], "in-process")
+    assert report["delivery_p95_ms"]["met"] is False  # even the lower bound, 35.2 ms, is over 30 ms
+    bounds = ratio_report(comparisons, cells, (slow, [x - 40 for x in slow]), "websocket")["delivery_p95_ms"]
+    assert (bounds["value"], bounds["value_lower"], bounds["met"]) == (45.2, 5.2, None)  # between: undecided
+    fast = ratio_report(comparisons, cells, ([1.0, 2.0, 3.0], [0.5, 1.0, 2.0]), "websocket")["delivery_p95_ms"]
+    assert fast["met"] is True
+    in_process = ratio_report(comparisons, cells, (slow, slow), "in-process")
     assert in_process["delivery_p95_ms"]["target"] is None  # the browser target is judged over the socket only
 
 

@@ -24,8 +24,8 @@ export const EXPERIMENTS = {
   kv: {
     title: 'KV on/off',
     plan: () => [
-      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 24, kv_cache: true }) },
-      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 24, kv_cache: false }) },
+      { label: 'cache on', payload: request(COUNTING, { max_new_tokens: 40, kv_cache: true }) },
+      { label: 'cache off', payload: request(COUNTING, { max_new_tokens: 40, kv_cache: false }) },
     ],
   },
   delivery: {
