@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from . import bench_baselines as bl
-from .bench_clients import InProcessClient, Job, RequestRecord, WebSocketClient, run_jobs
+from .bench_clients import InProcessClient, Job, RequestRecord, WebSocketClient, run_jobs, run_stepped
 from .bench_stats import DEFINITIONS, METRICS, describe, percentile, spread
 from .errors import UserError
 from .request import LIMITS, parse_generate
@@ -32,7 +32,7 @@ class Grid:
 
 
 FULL = Grid(prompt_lens=(32, 128, 512, 2048), output_lens=(16, 64, 256), concurrency=(1, 2, 4), repeats=3)
-QUICK = Grid(prompt_lens=(64, 1024), output_lens=(48,), concurrency=(1, 2), repeats=3)
+QUICK = Grid(prompt_lens=(64, 1024), output_lens=(32,), concurrency=(1, 2), repeats=5)
 QUICK_NOTE = "the short prompt repeats, with baselines; concurrency 2 and the long prompt run once each"
 CACHE_OFF_TOKENS = 24  # the no-cache probe: enough steps to see each one grow with the sequence
 TARGETS = {  # benchmark targets from the issue; reported as met or missed, never asserted
@@ -293,10 +293,15 @@ class Bench:
         self.generate_skip = bl.generate_streamer_unavailable(self.model, self.hf_tokenizer) if self.baselines else None
         self.notes: list[str] = list(target.notes)
         self.ceilings: dict[str, Any] = {}
-        # The baselines run on one long-lived thread, as the engine's model runs on its worker: with
-        # torch's OpenMP threads, the main thread measured 2-3x slower than another thread on a busy
-        # 2-core machine, so running them here would flatter the engine.
+        # The comparisons run all their model work on one thread: on a busy 2-core machine the same
+        # torch loop measured up to 3x slower on one thread than on another (see docs/performance.md),
+        # which would swamp a 3 % target. So the engine compared with the baselines is a second
+        # Engine on the same model object, its worker never started, stepped on this thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")
+        self.stepped = None
+        if self.baselines:
+            from .engine import Engine, EngineConfig
+            self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
 
     def on_thread(self, fn: Callable, *args):
         return self._thread.submit(fn, *args).result()
@@ -330,6 +335,7 @@ class Bench:
             raise UserError(f"the warm-up request did not complete ({records[0].outcome}: {records[0].reason} "
                             f"{records[0].message or ''}); nothing to measure", code="bench_failed")
         if self.baselines:
+            self.on_thread(run_stepped, self.stepped, Job(self.payload(prompt, 4)), "warmup-stepped")
             self.on_thread(bl.bare_greedy_loop, self.model, prompt.ids, 4, self.eos)
             if self.generate_skip is None:
                 self.on_thread(bl.generate_with_streamer, self.model, self.hf_tokenizer, prompt.messages, 4, self.eos)
@@ -340,25 +346,36 @@ class Bench:
         cells, comparisons, everything = [], [], []
         for cell in cells_of(self.grid, self.args.quick, self.baselines):
             prompt, o, c, records, walls = prompts[cell.prompt], cell.output, cell.clients, [], []
-            runners = ["engine"] + (["bare_loop", "generate_streamer"] if cell.baselines else [])
+            runners = self.runners(cell)
             for rep in range(cell.repeats):
                 order = runners[rep % len(runners):] + runners[:rep % len(runners)]
                 results: dict[str, Any] = {}
                 for name in order:
                     progress.step(f"prompt {prompt.tokens} out {o} x{c} rep {rep + 1}/{cell.repeats}: {name}",
-                                  work(prompt.tokens, o) * (c if name == "engine" else 1))
-                    results[name] = self.run_one(name, prompt, o, c, f"p{cell.prompt}-o{o}-c{c}-r{rep}")
-                recs, wall = results["engine"]
+                                  work(prompt.tokens, o) * (c if name in ("engine", "socket") else 1))
+                    results[name] = self.run_one(name, prompt, o, c, f"p{cell.prompt}-o{o}-c{c}-r{rep}", cell.baselines)
+                recs, wall = results["socket" if "socket" in results else "engine"]
                 records += recs
                 walls.append(wall)
                 if cell.baselines:
-                    comparisons.append(self.compare(prompt, o, rep, order, recs[0], results))
+                    comparisons.append(self.compare(prompt, o, rep, order, results["engine"][0][0], results))
             cells.append(self.cell(prompt, o, c, cell.repeats, records, walls))
             everything += records
         return cells, comparisons, everything
 
-    def run_one(self, name: str, prompt: Prompt, output: int, clients: int, prefix: str):
-        if name == "engine":
+    def runners(self, cell: Cell) -> list[str]:
+        """What runs in each repetition of a cell. Where baselines run, "engine" is the stepped
+        engine on their thread; over a WebSocket, "socket" is the request through the server,
+        whose records make the cell's distributions."""
+        if not cell.baselines:
+            return ["engine"]
+        return ["engine", "bare_loop", "generate_streamer"] + (["socket"] if self.target.mode == "websocket" else [])
+
+    def run_one(self, name: str, prompt: Prompt, output: int, clients: int, prefix: str, compared: bool = False):
+        if name == "engine" and compared:
+            record = self.on_thread(run_stepped, self.stepped, Job(self.payload(prompt, output)), f"{prefix}-0")
+            return [record], (record.end_at - record.sent) if record.sent and record.end_at else 0.0
+        if name in ("engine", "socket"):
             return run_jobs(self.target.client, [Job(self.payload(prompt, output))] * clients, prefix)
         if name == "generate_streamer" and self.generate_skip:
             return None
@@ -372,10 +389,16 @@ class Bench:
             return None
 
     def engine_summary(self, record: RequestRecord) -> dict | None:
+        """The engine's side of a comparison, plus its per-token work outside the model step."""
         if record.outcome != "completed":
             return None
         n = len(record.token_ids)
-        return bl.summary(n, record.prefill_ms, record.engine_itl_ms, n / (record.e2e_ms / 1000))
+        summary = bl.summary(n, record.prefill_ms, record.engine_itl_ms, n / (record.e2e_ms / 1000))
+        model = record.step_ms[1:]  # token k's step_ms: its forward and sampling; token 0 came from prefill
+        outside = [gap - step for gap, step in zip(record.engine_itl_ms, model)]
+        summary["model_step_ms_median"] = _round(percentile(model, 50))
+        summary["outside_model_ms_median"] = _round(percentile(outside, 50))
+        return summary
 
     def compare(self, prompt: Prompt, output: int, rep: int, order: list[str], record: RequestRecord,
                 results: dict[str, Any]) -> dict:
@@ -389,7 +412,9 @@ class Bench:
         ratios = {"engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
                   "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
                   "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
-                  "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s")}
+                  "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s"),
+                  "engine_outside_over_model": _ratio(engine, engine, "outside_model_ms_median",
+                                                      "model_step_ms_median")}
         est = None
         if engine:
             est = bl.estimates(self.shape, prompt.tokens, engine["prefill_ms"], engine["step_ms_median"],
@@ -457,10 +482,15 @@ class Bench:
         return probe, records
 
 
-def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
-    if not a or not b or not a.get(key) or not b.get(key):
+def _ratio(a: dict | None, b: dict | None, key: str, b_key: str | None = None) -> float | None:
+    b_key = b_key or key
+    if not a or not b or a.get(key) is None or not b.get(b_key):
         return None
-    return round(a[key] / b[key], 4)
+    return round(a[key] / b[b_key], 4)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def totals(records: list[RequestRecord]) -> dict[str, Any]:
@@ -482,6 +512,8 @@ def ratio_report(comparisons: list[dict], cells: list[dict], delivery: tuple[lis
     what = {
         "engine_step_over_bare": "engine decode step / bare loop step (medians of token-to-token gaps)",
         "engine_step_over_bare_p10": "the same with 10th percentiles (less swayed by other busy processes)",
+        "engine_outside_over_model": "engine per-token work outside model+sampler / model+sampler step, "
+                                     "token by token (immune to drift)",
         "engine_tps_over_generate": "engine tokens/s / generate+streamer tokens/s (start -> whole answer)",
         "bare_tps_over_generate": "bare loop tokens/s / generate+streamer tokens/s",
         "decode_fraction_of_copy": "engine decode bytes read per second / machine copy bandwidth (estimate)",
@@ -571,8 +603,8 @@ def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
     machine = machine_info(bench.facts)
     prompts = fit_prompts(bench)
     probe_prompt = prompts[grid.prompt_lens[0]]
-    total = sum(work(prompts[cell.prompt].tokens, cell.output) * (cell.clients + 2 * cell.baselines) * cell.repeats
-                for cell in cells_of(grid, args.quick, bench.baselines))
+    total = sum(work(prompts[c.prompt].tokens, c.output) * c.repeats * (c.clients + len(bench.runners(c)) - 1)
+                for c in cells_of(grid, args.quick, bench.baselines))
     total += 0 if args.no_cache_probe else work(probe_prompt.tokens, CACHE_OFF_TOKENS) * 6
     progress = Progress(total, enabled=not args.no_progress)
     progress.step("measuring the machine: memory copy and matmul", 0)
@@ -588,6 +620,11 @@ def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
     bench.measure_ceilings()
     progress.close()
     bench.apply_ceilings(cells, comparisons)
+    if comparisons:
+        bench.notes.append("where the baselines ran, the engine they were compared with ran its own step() on "
+                           "their thread, its worker thread never started (same code per token, same torch "
+                           "thread); the other cells used " + ("the server" if bench.target.mode == "websocket"
+                                                               else "the engine's worker thread"))
     if bench.generate_skip:
         bench.notes.append(f"generate+streamer baseline skipped: {bench.generate_skip}")
     machine["load_average_end"] = _load()

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
 
 from .errors import UserError
@@ -146,32 +146,65 @@ class InProcessClient:
 
     def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord:
         record = RequestRecord(request_id)
-        try:
-            params = parse_generate(job.payload)
-        except UserError as exc:
-            go.wait()
-            record.fail(exc.code, exc.message)
-            return record
-        go.wait()
-        record.sent = now()
-        try:
-            handle = self.engine.submit(params, request_id)
-        except UserError as exc:  # refused at the door (queue full, prompt too long): still counted
-            record.fail(exc.code, exc.message)
-            return record
-        record.server_zero, record.zero_exact = handle.request.submitted_at, True
-        cancelled = False
-        while True:
-            event = handle.next_event(timeout=STALL_S)
-            if event is None:
-                handle.cancel()
-                record.fail("stalled", f"no event for {STALL_S:.0f} s")
-                return record
-            if record.observe(event, now()):
-                return record
-            if not cancelled and _due(job, record):
-                handle.cancel()
-                cancelled = True
+        handle = _submit(self.engine, job, record, go.wait)
+        if handle is not None:
+            _read(handle, job, record)
+        return record
+
+
+def run_stepped(engine, job: Job, request_id: str) -> RequestRecord:
+    """One request on an engine whose worker thread was never started: this thread runs the
+    engine's own step() until the request ends, while another reads its events. The bench puts
+    the engine's model work on the same thread as the baselines' this way, so no side is helped
+    or hurt by which thread torch runs on."""
+    import torch
+    record = RequestRecord(request_id)
+    handle = _submit(engine, job, record, lambda: None)
+    if handle is None:
+        return record
+    reader = threading.Thread(target=_read, args=(handle, job, record), name="bench-reader", daemon=True)
+    reader.start()
+    with torch.inference_mode():  # as the engine's worker runs its steps
+        while not handle.done:
+            engine.step()
+    reader.join()
+    return record
+
+
+def _submit(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
+    """Validate and submit; a refusal (bad payload, queue full, prompt too long) is recorded as
+    the request's error outcome, and None returned."""
+    try:
+        params = parse_generate(job.payload)
+    except UserError as exc:
+        ready()
+        record.fail(exc.code, exc.message)
+        return None
+    ready()
+    record.sent = now()
+    try:
+        handle = engine.submit(params, record.request_id)
+    except UserError as exc:
+        record.fail(exc.code, exc.message)
+        return None
+    record.server_zero, record.zero_exact = handle.request.submitted_at, True
+    return handle
+
+
+def _read(handle, job: Job, record: RequestRecord) -> None:
+    """Take the handle's events until the terminal one, cancelling when the job says so."""
+    cancelled = False
+    while True:
+        event = handle.next_event(timeout=STALL_S)
+        if event is None:
+            handle.cancel()
+            record.fail("stalled", f"no event for {STALL_S:.0f} s")
+            return
+        if record.observe(event, now()):
+            return
+        if not cancelled and _due(job, record):
+            handle.cancel()
+            cancelled = True
 
 
 class WebSocketClient:

@@ -7,7 +7,7 @@ import io
 import json
 
 import pytest
-from conftest import LiveServer
+from kvscope_testkit import LiveServer
 
 from model_runner.bench import totals
 from model_runner.bench_clients import Job, WebSocketClient, run_jobs

@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from conftest import LiveServer
+from kvscope_testkit import LiveServer
 from model_runner.fake import ANSWER
 
 WAIT_S = 60.0  # deadline for conditions that hold in well under a second; never a timing claim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import screenshot
+from kvscope_testkit import screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from conftest import LiveServer, screenshot
+from kvscope_testkit import LiveServer, screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 
 import pytest
 from playwright.sync_api import expect
 
-from conftest import screenshot
+from kvscope_testkit import screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -393,25 +392,20 @@ def run_experiment(page, key: str):
     return card
 
 
-def robust_slope(pts):
-    """Theil–Sen: the median slope over all pairs, so one step disturbed by another process
-    (this CPU is shared) cannot flip the trend."""
-    return statistics.median((y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pts) for x2, y2 in pts[i + 1:] if x2 != x1)
-
-
 @pytest.mark.model
 def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page, page_errors):
     open_lab(page, real_server)
     run_experiment(page, "kv")
     off, on = points(page, "kv", "cache off"), points(page, "kv", "cache on")
     assert len(off) == len(on) == 39
-    # Without the cache each step recomputes the whole sequence: its time rises with position, faster
-    # than with the cache, and its late steps cost more than the cached ones. (Medians and pairwise
-    # slopes: this CPU is shared, and a single disturbed step must not decide the outcome.)
-    assert robust_slope(off) > 0
-    assert robust_slope(off) > robust_slope(on)
-    last = len(off) // 3
-    assert statistics.median(y for _, y in off[-last:]) > statistics.median(y for _, y in on[-last:])
+    # Without the cache each step recomputes the whole sequence: its time rises with position. The
+    # CPU is shared, so other processes slow random steps, often several-fold, and the load drifts
+    # between the two runs: the fastest step of a quarter, the least disturbed one, is the measure.
+    quarter = len(off) // 4
+    fastest = lambda pts: min(y for _, y in pts)
+    assert fastest(off[-quarter:]) > fastest(off[:quarter])
+    assert fastest(off[-quarter:]) > fastest(on[-quarter:])
+    expect(page.locator('[data-experiment="kv"] .lab-exp-summary')).to_contain_text("the fastest step went from")
     shoot(page, "lab-exp-kv", '[data-experiment="kv"]')
     assert page_errors == []
 
@@ -437,7 +431,10 @@ def test_real_prompt_sweep_plots_ttft_and_estimates(real_server, page, page_erro
     ttft = points(page, "sweep", "TTFT")
     assert len(ttft) == 5 and [x for x, _ in ttft] == sorted(x for x, _ in ttft)
     assert ttft[-1][0] > 5 * ttft[0][0]  # the prompts really do span a wide range
-    assert ttft[-1][1] > ttft[0][1]  # a longer prompt takes longer to prefill
+    # A longer prompt takes longer to prefill. (Prefill time, not TTFT: TTFT also holds any queue wait,
+    # e.g. behind a step of the previous test's request that was still finishing.)
+    prefill_ms = points(page, "sweep", "prefill time")
+    assert prefill_ms[-1][1] > prefill_ms[0][1]
     chart2 = ".lab-exp-chart-2"
     prefill, decode = points(page, "sweep", "prefill (est.)", chart2), points(page, "sweep", "decode (est.)", chart2)
     assert len(prefill) == len(decode) == 5

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from conftest import screenshot
+from kvscope_testkit import screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -3,28 +3,18 @@ timeout) for mid-stream cases, in-process engines and servers for fault injectio
 of the figures each case produced (artifacts/reliability-figures.json, quoted in docs/reliability.md)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from kvscope_testkit import LiveServer
 from reliability_kit import PING_INTERVAL_S, SEND_TIMEOUT_S, InProcessServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES_PATH = ROOT / "artifacts" / "reliability-figures.json"
 
 
-def _root_conftest():
-    """tests/conftest.py as a module, for its LiveServer class (conftest files are not importable
-    by name, and this directory is not a package)."""
-    spec = importlib.util.spec_from_file_location("kvscope_root_conftest", ROOT / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-LiveServer = _root_conftest().LiveServer
 
 
 @pytest.fixture(scope="session")
