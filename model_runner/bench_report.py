@@ -210,7 +210,7 @@ def plot(report: dict, path: str) -> str | None:
         up = [r["metrics"]["ttft_ms"]["p90"] - r["metrics"]["ttft_ms"]["p50"] for r in rows]
         left.errorbar(x, p50, yerr=[[0] * len(x), up], marker="o", capsize=3, label=f"out {o}, {conc} client(s)")
     lengths = sorted({c["prompt_tokens"] for c in cells})
-    left.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT ms (p50, bar to p90; log scale)",
+    left.set(xscale="log", xlabel="prompt tokens (log scale)", ylabel="TTFT ms (p50, bar to p90)",
              title="Time to first token")
     left.set_xticks(lengths, [str(n) for n in lengths])
     left.minorticks_off()

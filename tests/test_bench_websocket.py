@@ -65,3 +65,18 @@ def test_bench_command_over_the_socket(slow_server, tmp_path):
     delivery = report["ratios"]["delivery_p95_ms"]
     assert delivery["target"] == 30.0 and delivery["value_lower"] <= delivery["value"]
     assert "over the WebSocket" in printed.getvalue() and "deliv-lo" in printed.getvalue()
+
+
+def test_baselines_beside_the_socket(slow_server, tmp_path):
+    path = tmp_path / "ws-baselines.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(["bench", "--model", "fake", "--via-websocket", slow_server.ws_url, "--prompt-lens", "60",
+                     "--output-lens", "6", "--concurrency", "1", "--repeats", "2", "--no-cache-probe",
+                     "--json", str(path), "--no-progress"])
+    report = json.loads(path.read_text())
+    assert code == 0 and validate(report, SCHEMA) == []
+    assert [len(c["order"]) for c in report["comparisons"]] == [4, 4]  # stepped engine, bare, generate, socket
+    assert all("socket" in c["order"] and c["greedy_identical"] for c in report["comparisons"])
+    cell = report["cells"][0]
+    assert cell["delivery_ms"]["n"] > 0 and cell["totals"]["requests"] == 2  # the cell is the socket's
+    assert report["totals"]["requests"] == 2 + 2  # plus the stepped engine's request in each repeat
