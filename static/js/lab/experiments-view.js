@@ -108,15 +108,16 @@ const DRAW = {
     const { series, slopes, medians, fastest } = analyseKv(results);
     lineChart(chartEl(card), {
       title: 'Decode step time against position, KV cache on and off',
-      desc: 'Each point is a decode step, the faster of two passes: x is the sequence length it worked on, y its time in ms.',
+      desc: 'Each point is one decode step: x is the sequence length it worked on, y its time in ms.',
       xLabel: 'position (prompt + tokens so far)', yLabel: 'step ms', series,
     });
-    const off = fastest['cache off'];
-    summary(card, `Without the cache the fastest step went from ${ms(off.early)} in the first quarter of positions `
-      + `to ${ms(off.late)} in the last (median step ${ms(medians['cache off'])}); each extra position added about `
-      + `${num(slopes['cache off'], 2)} ms. With the cache: ${num(slopes['cache on'], 2)} ms per position, `
-      + `median step ${ms(medians['cache on'])}. Slopes are medians over all pairs of steps and the fastest steps are `
-      + 'the least disturbed by anything else on the machine, so one slow step cannot set the result. Measured.');
+    const { short, long } = fastest['cache off'];
+    const on = fastest['cache on'];
+    summary(card, `Without the cache the fastest step took ${ms(short?.ms)} at position ${short?.at ?? '–'} and `
+      + `${ms(long?.ms)} at position ${long?.at ?? '–'}: about ${num(slopes['cache off'], 2)} ms more per position. `
+      + `With the cache: ${ms(on.short?.ms)} and ${ms(on.long?.ms)} (${num(slopes['cache on'], 2)} ms per position). `
+      + 'Slopes are medians over all pairs of steps and the fastest steps are the least disturbed by anything else '
+      + 'on the machine, so one slow step cannot set the result. Measured.');
   },
   delivery(card, results) {
     const { rows, lanes } = analyseDelivery(results);
@@ -124,7 +125,7 @@ const DRAW = {
       title: 'When text became visible, streaming vs buffered',
       desc: 'Time from sending until the first visible text (end of the waiting bar) and until the answer ended, in ms, measured in this browser.',
       xLabel: 'ms since sending (browser clock)', lanes,
-      kinds: [{ kind: 'waiting', label: 'nothing visible yet' }, { kind: 'receiving', label: 'text arriving' }],
+      kinds: [{ kind: 'waiting', label: 'no text yet' }, { kind: 'receiving', label: 'text arriving' }],
     });
     summary(card, rows.map((r) => `${r.label}: first text at ${ms(r.firstText)}, answer ended at ${ms(r.total)}`
       + `${r.sameEvent ? ' (the text came with the finish)' : ''}.`).join(' ') + ' Measured in this browser.');
@@ -171,7 +172,7 @@ function sweepTable(container, rows) {
   const table = document.createElement('table');
   table.className = 'lab-table lab-sweep-table';
   const caption = document.createElement('caption');
-  caption.textContent = 'Per prompt length. Times measured; GFLOP/s and GB/s are estimates derived from them and the model size.';
+  caption.textContent = 'Per prompt length';
   const head = document.createElement('tr');
   for (const h of ['prompt tokens', 'TTFT ms', 'prefill ms', 'prefill GFLOP/s (est.)', 'decode step ms', 'decode GB/s (est.)', 'decode GFLOP/s (est.)']) {
     const th = document.createElement('th');
@@ -197,6 +198,10 @@ function sweepTable(container, rows) {
   const est = document.createElement('span');
   est.className = 'tag tag-computed';
   est.textContent = 'estimate · derived from measured times';
-  tag.append(est, ' FLOPs ≈ 2 × parameters per token; bytes per decode step ≈ weights + KV cache.');
+  tag.append(est, ' Times are measured; GFLOP/s and GB/s are estimated from them and the model size: '
+    + 'FLOPs ≈ 2 × parameters per token, bytes read per decode step ≈ weights + KV cache.');
   container.replaceChildren(table, tag);
+  // The table may scroll sideways on a phone: keyboard users need to reach it to scroll it.
+  container.tabIndex = 0;
+  container.setAttribute('aria-label', 'Sweep results, one row per prompt length');
 }

@@ -1,7 +1,7 @@
 // The four one-click experiments as data (no DOM): the requests each one sends (`title` names
-// them in the history), and the analysis
-// that turns its finished runs into chart series and table rows. Sizes are kept small so each
-// experiment takes seconds, not minutes, on a 2-core CPU with the default model.
+// them in the history), and the analysis that turns its finished runs into chart series and table
+// rows. Sizes are kept small so each experiment takes seconds, not minutes, on a 2-core CPU with
+// the default model.
 import { median, robustSlope, prefillFlopsPerS, decodeBytesPerS, decodeFlopsPerS } from './metrics.js';
 
 const GREEDY = { temperature: 0, top_k: null, top_p: 1.0, seed: null };
@@ -11,24 +11,33 @@ const BASE = { sampling: GREEDY, stop: [], delivery: 'stream', kv_cache: true, p
 const COUNTING = [{ role: 'system', content: 'You count.' },
                   { role: 'user', content: 'Count from 1 to 100, separated by commas.' }];
 
-// Written for this page: a neutral passage to lengthen the prompt in the sweep.
+// Written for this page: a neutral passage to lengthen prompts.
 const FILLER = 'The harbour town wakes early. Fishing boats leave before sunrise, the bakery opens at six, '
   + 'and by eight the market square is full of crates of fruit, nets drying in the wind and children '
   + 'walking to school along the sea wall. ';
 
 export const SWEEP_REPEATS = [0, 2, 4, 8, 16];
+// Prompt lengths for the cache experiment, in passages, in an order that is not the sorted one so
+// that a drift in machine load does not line up with position.
+export const KV_REPEATS = [0, 6, 2, 4];
 
 function request(messages, extra) { return { ...BASE, messages, ...extra }; }
 
 export const EXPERIMENTS = {
-  // Two passes each, alternating, so a spell of load from elsewhere on the machine rarely hits
-  // the same positions twice; the analysis keeps the faster pass at each position.
+  // Four prompt lengths, a few steps each, cache on then off at each length. A step's position is
+  // the sequence length it works on, so the four runs spread the steps from about 30 to 300
+  // positions: enough for the cost of recomputing everything to stand out from the fixed cost of a
+  // step, in seconds rather than the minutes one long cache-off answer would take.
   kv: {
     title: 'KV on/off',
-    plan: () => [1, 2].flatMap((pass) => [true, false].map((on) => ({
-      label: `cache ${on ? 'on' : 'off'}, pass ${pass}`,
+    plan: () => KV_REPEATS.flatMap((n) => [true, false].map((on) => ({
+      label: `cache ${on ? 'on' : 'off'}, ${n} × passage`,
       series: `cache ${on ? 'on' : 'off'}`,
-      payload: request(COUNTING, { max_new_tokens: 40, kv_cache: on }),
+      payload: request([
+        COUNTING[0],
+        ...(n ? [{ role: 'retrieved', content: FILLER.repeat(n) }] : []),
+        COUNTING[1],
+      ], { max_new_tokens: 8, kv_cache: on }),
     }))),
   },
   delivery: {
@@ -75,37 +84,35 @@ function receivedAt(run, type, origin) {
 }
 
 // Decode step time against the sequence length the step worked on (prompt + tokens so far), one
-// series per `series` name, keeping the fastest pass at each position. Besides the robust slope,
-// `fastest` gives the quickest step in the first and last quarter of positions: the steps least
-// disturbed by anything else on the machine, so the plainest view of the trend.
+// series per `series` name. Besides a robust slope, `fastest` compares the quickest step of the
+// shortest prompt's run with that of the longest: the steps least disturbed by anything else on
+// the machine, so the plainest view of the trend.
 export function analyseKv(results) {
-  const bySeries = new Map();
+  const groups = new Map();
   for (const { series: name, run } of results) {
     const prompt = eventOf(run, 'accepted')?.prompt_tokens ?? 0;
-    const best = bySeries.get(name) || new Map();
-    for (const e of tokenEvents(run)) {
-      if (e.index === 0) continue; // token 0 comes from the prefill: it has no step of its own
-      const x = prompt + e.index;
-      best.set(x, Math.min(best.get(x) ?? Infinity, e.step_ms));
-    }
-    bySeries.set(name, best);
+    // Token 0 comes from the prefill: it has no step of its own.
+    const points = tokenEvents(run).filter((e) => e.index > 0).map((e) => ({ x: prompt + e.index, y: e.step_ms }));
+    if (!groups.has(name)) groups.set(name, []);
+    groups.get(name).push({ prompt, points });
   }
-  const series = [...bySeries].map(([name, best]) => ({
-    name, style: 'both', points: [...best].sort((a, b) => a[0] - b[0]).map(([x, y]) => ({ x, y })),
+  const series = [...groups].map(([name, runs]) => ({
+    // Points only: the steps come in four clusters of positions, and a line would zigzag inside them.
+    name, style: 'points', points: runs.flatMap((r) => r.points).sort((a, b) => a.x - b.x),
   }));
   const stat = (fn) => Object.fromEntries(series.map((s) => [s.name, fn(s.points)]));
   return {
     series,
     slopes: stat(robustSlope),
     medians: stat((pts) => median(pts.map((p) => p.y))),
-    fastest: stat(fastestEarlyLate),
+    fastest: Object.fromEntries([...groups].map(([name, runs]) => [name, fastestShortLong(runs)])),
   };
 }
 
-function fastestEarlyLate(points) {
-  const q = Math.max(1, Math.floor(points.length / 4));
-  const min = (pts) => (pts.length ? Math.min(...pts.map((p) => p.y)) : null);
-  return { early: min(points.slice(0, q)), late: min(points.slice(-q)) };
+function fastestShortLong(runs) {
+  const withSteps = runs.filter((r) => r.points.length).sort((a, b) => a.prompt - b.prompt);
+  const fastest = (r) => (r ? { at: r.points[0].x, ms: Math.min(...r.points.map((p) => p.y)) } : null);
+  return { short: fastest(withSteps[0]), long: fastest(withSteps[withSteps.length - 1]) };
 }
 
 // Browser-side: when the first visible text arrived and when the answer ended, from the send.
@@ -148,7 +155,8 @@ export function analyseSweep(results, facts) {
   return {
     rows,
     ttftSeries: [{ name: 'TTFT', points: ok.map((r) => ({ x: r.promptTokens, y: r.ttftMs })) },
-                 { name: 'prefill time', points: ok.map((r) => ({ x: r.promptTokens, y: r.prefillMs })) }],
+                 // Hollow: with no queue, TTFT and prefill time nearly coincide, and both must show.
+                 { name: 'prefill time', points: ok.map((r) => ({ x: r.promptTokens, y: r.prefillMs })), hollow: true }],
     flopsSeries: [{ name: 'prefill (est.)', points: ok.filter((r) => r.prefillFlopsPerS).map((r) => ({ x: r.promptTokens, y: r.prefillFlopsPerS / 1e9 })) },
                   { name: 'decode (est.)', points: ok.filter((r) => r.decodeFlopsPerS).map((r) => ({ x: r.promptTokens, y: r.decodeFlopsPerS / 1e9 })) }],
   };
