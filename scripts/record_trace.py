@@ -4,131 +4,21 @@ trace (docs/trace-format.md), the file the page plays before any live run:
     .venv/bin/python scripts/record_trace.py                 # real default model → static/data/trace-example.json
     .venv/bin/python scripts/record_trace.py --model fake --out /tmp/t.json
 
-`validate_trace` is the Python side of the format check (the browser's is static/js/trace.js).
+The format, the recorder and the validator live in `model_runner.trace`; this is the command.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model_runner.events import EVENT_TYPES, TERMINAL_TYPES  # noqa: E402
+from model_runner.trace import record, validate_trace, warm_up  # noqa: E402
 
-FORMAT, VERSION = "kvscope-trace", 1
 DEFAULT_OUT = ROOT / "static" / "data" / "trace-example.json"
-REQUEST_ID = "walkthrough-example"
-
-# The walkthrough's example: a system prompt, one earlier exchange, a retrieved passage and the new
-# question; greedy, so a live run of the same model repeats the recorded text.
-EXAMPLE_REQUEST = {
-    "messages": [
-        {"role": "system", "content": "You are a concise assistant. Answer in one or two plain sentences."},
-        {"role": "user", "content": "What is a token?"},
-        {"role": "assistant", "content": "A token is a small piece of text, often a word or part of a word, "
-                                         "that the model reads and writes."},
-        {"role": "retrieved", "content": "While it generates, a transformer keeps the keys and values of every "
-                                         "earlier position in a KV cache, so each new step only computes the newest token."},
-        {"role": "user", "content": "Why does the KV cache grow while the model answers?"},
-    ],
-    "max_new_tokens": 40,
-    "sampling": {"temperature": 0, "top_k": None, "top_p": 1.0, "seed": None},
-    "stop": [],
-    "delivery": "stream",
-    "kv_cache": True,
-    "prefill_chunk": 0,
-    "overflow": "reject",
-}
-
-MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "bytes_per_element", "context_window", "kv_bytes_per_token")
-TOKEN_FIELDS = ("id", "text", "source")
-
-
-def event_fields(type_: str) -> set[str]:
-    """The keys an event of this type carries on the wire (events.Event.to_dict)."""
-    return {"type", "schema"} | {f.name for f in dataclasses.fields(EVENT_TYPES[type_])}
-
-
-def validate_trace(trace: object) -> list[str]:
-    """Every problem with a trace, as short sentences; [] means it is a complete, well-formed run."""
-    if not isinstance(trace, dict):
-        return ["the trace is not a JSON object"]
-    problems = []
-    if trace.get("format") != FORMAT:
-        problems.append(f'`format` must be "{FORMAT}"')
-    if trace.get("version") != VERSION:
-        problems.append(f"`version` must be {VERSION}")
-    model = trace.get("model")
-    if not isinstance(model, dict) or any(k not in model for k in MODEL_FIELDS):
-        problems.append(f"`model` must hold {', '.join(MODEL_FIELDS)}")
-    request = trace.get("request")
-    if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
-        problems.append("`request.messages` must be a list")
-    prompt = trace.get("prompt")
-    if prompt is not None:
-        tokens = prompt.get("tokens") if isinstance(prompt, dict) else None
-        if not isinstance(tokens, list) or any(not isinstance(t, dict) or any(k not in t for k in TOKEN_FIELDS) for t in tokens):
-            problems.append("`prompt.tokens` must be a list of {id, text, source, ...}")
-    events = trace.get("events")
-    if not isinstance(events, list) or not events:
-        return problems + ["`events` must be a non-empty list"]
-    last_t, next_index = float("-inf"), 0
-    for i, event in enumerate(events):
-        where = f"events[{i}]"
-        if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
-            problems.append(f"{where} is not a protocol event")
-            continue
-        missing = event_fields(event["type"]) - set(event) - {"field"}
-        if missing:
-            problems.append(f"{where} ({event['type']}) lacks {', '.join(sorted(missing))}")
-        t = event.get("t_ms")
-        if not isinstance(t, (int, float)) or t < last_t:
-            problems.append(f"{where}.t_ms must be a number that never goes back")
-        else:
-            last_t = t
-        if event["type"] == "token":
-            if event.get("index") != next_index:
-                problems.append(f"{where} is token {event.get('index')}, expected {next_index}")
-            next_index = event.get("index", next_index) + 1
-        if event["type"] in TERMINAL_TYPES and i != len(events) - 1:
-            problems.append(f"{where} is terminal but not the last event")
-    if events[-1].get("type") not in TERMINAL_TYPES:
-        problems.append("the events do not end with a terminal event")
-    return problems
-
-
-def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> dict:
-    """Runs `request` on a ready engine and returns the trace of that run, every event in arrival order."""
-    from model_runner.request import parse_generate
-
-    params = parse_generate(request)
-    prompt = engine.describe_prompt(params)
-    events = [event.to_dict() for event in engine.submit(params, REQUEST_ID)]
-    trace = {
-        "format": FORMAT,
-        "version": VERSION,
-        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": engine.facts.to_dict(),
-        "request": request,
-        "prompt": prompt,
-        "events": events,
-    }
-    if note:
-        trace["note"] = note
-    return trace
-
-
-def warm_up(engine) -> None:
-    """One short request first, so the recording shows a running server, not first-call set-up costs."""
-    from model_runner.request import parse_generate
-
-    for _ in engine.submit(parse_generate({**EXAMPLE_REQUEST, "max_new_tokens": 2}), "warm-up"):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

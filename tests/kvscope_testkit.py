@@ -32,7 +32,7 @@ class LiveServer:
         self.log_path = ARTIFACTS / f"server-{model.replace('/', '_')}-{self.port}.log"
         ARTIFACTS.mkdir(exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-        cmd = [sys.executable, "-m", "model_runner.cli", "serve", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), "--model", model, *(extra_args or [])]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from model_runner import bench
-from model_runner.bench_clients import InProcessClient
-from model_runner.bench_report import print_report
-from model_runner.bench_stats import SCHEMA, validate
-from model_runner.cli import build_parser
+from bench import runner as bench
+from bench.clients import InProcessClient
+from bench.report import print_report
+from bench.stats import SCHEMA, validate
+from app.cli import build_parser
 
 
 @pytest.mark.model

@@ -9,10 +9,10 @@ import json
 import pytest
 from kvscope_testkit import LiveServer
 
-from model_runner.bench import totals
-from model_runner.bench_clients import Job, WebSocketClient, run_jobs
-from model_runner.bench_stats import SCHEMA, validate
-from model_runner.cli import main
+from bench.runner import totals
+from bench.clients import Job, WebSocketClient, run_jobs
+from bench.stats import SCHEMA, validate
+from app.cli import main
 
 
 @pytest.fixture(scope="module")

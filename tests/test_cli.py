@@ -9,7 +9,7 @@ import pytest
 
 
 def serve(*args):
-    return subprocess.run([sys.executable, "-m", "model_runner.cli", "serve", *args],
+    return subprocess.run([sys.executable, "-m", "app.cli", "serve", *args],
                           capture_output=True, text=True, timeout=60)
 
 

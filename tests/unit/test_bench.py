@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from model_runner import bench, bench_report
-from model_runner.bench import QUICK, FULL, Grid, cells_of, fit_prompt, ratio_report, totals
-from model_runner.bench_clients import InProcessClient, Job, run_jobs
-from model_runner.bench_stats import SCHEMA, describe, percentile, validate
-from model_runner.cli import main
+from bench import report as bench_report, runner as bench
+from bench.runner import QUICK, FULL, Grid, cells_of, fit_prompt, ratio_report, totals
+from bench.clients import InProcessClient, Job, run_jobs
+from bench.stats import SCHEMA, describe, percentile, validate
+from app.cli import main
 from model_runner.engine import Engine, EngineConfig
 from model_runner.request import parse_generate
 
@@ -128,7 +128,7 @@ def test_one_of_each_failure_is_counted_in_the_totals(slow_engine):
 
 
 def _cell(engine, records, wall) -> dict:
-    from model_runner.cli import build_parser
+    from app.cli import build_parser
     args = build_parser().parse_args(["bench", "--model", "fake"])
     target = bench.Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
     b = bench.Bench(args, target, Grid((40,), (8,), (5,), 1))

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import record_trace  # noqa: E402
-from model_runner.kv_math import kv_bytes_per_token  # noqa: E402
+from model_runner import trace as record_trace
+from model_runner.kv_math import kv_bytes_per_token
 
 SHIPPED = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 
@@ -73,7 +72,9 @@ def test_the_recorder_writes_a_valid_trace_of_what_the_engine_emitted(fake_engin
 
 def test_the_recorder_cli_writes_the_file(tmp_path):
     out = tmp_path / "trace.json"
-    assert record_trace.main(["--model", "fake", "--out", str(out)]) == 0
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/record_trace.py"), "--model", "fake", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
     assert record_trace.validate_trace(json.loads(out.read_text(encoding="utf-8"))) == []
 
 

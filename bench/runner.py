@@ -1,7 +1,7 @@
 """`kvscope bench`: a serving benchmark of the engine, in-process or over the real WebSocket, across
 prompt lengths x output lengths x concurrent clients, repeated, with the bare greedy loop and
 transformers generate+streamer interleaved as baselines on the same model, and the machine's
-ceilings; prints the tables and ratios, writes JSON that passes bench_stats.SCHEMA."""
+ceilings; prints the tables and ratios, writes JSON that passes stats.SCHEMA."""
 from __future__ import annotations
 
 import argparse
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from . import bench_baselines as bl
-from .bench_clients import InProcessClient, Job, RequestRecord, WebSocketClient, run_jobs, run_stepped
-from .bench_stats import DEFINITIONS, METRICS, describe, percentile, spread
-from .errors import UserError
-from .request import LIMITS, parse_generate
+from . import baselines as bl
+from .clients import InProcessClient, Job, RequestRecord, WebSocketClient, run_jobs, run_stepped
+from .stats import DEFINITIONS, METRICS, describe, percentile, spread
+from model_runner.errors import UserError
+from model_runner.request import LIMITS, parse_generate
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class Target:
 def open_target(args: argparse.Namespace, max_clients: int) -> Target:
     if args.via_websocket:
         return _websocket_target(args)
-    from .engine import Engine, EngineConfig
+    from model_runner.engine import Engine, EngineConfig
     engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                                  max_queue=max(64, max_clients), timeout_s=600.0)).start()
     try:
@@ -177,8 +177,8 @@ def _websocket_target(args: argparse.Namespace) -> Target:
     """The server runs the engine; this process loads the same model for prompts and baselines."""
     import urllib.request
     from urllib.parse import urlsplit
-    from .loader import load
-    from .prompt import plan
+    from model_runner.loader import load
+    from model_runner.prompt import plan
     parts = urlsplit(args.via_websocket)
     if parts.scheme not in ("ws", "wss") or not parts.netloc:
         raise UserError(f"--via-websocket must be a ws:// or wss:// URL, got {args.via_websocket!r}", field="via_websocket")
@@ -300,7 +300,7 @@ class Bench:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")
         self.stepped = None
         if self.baselines:
-            from .engine import Engine, EngineConfig
+            from model_runner.engine import Engine, EngineConfig
             self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
 
     def on_thread(self, fn: Callable, *args):
@@ -569,7 +569,7 @@ def _load() -> list[float] | None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from . import bench_report
+    from . import report as report_module
     grid = grid_from(args)
     started_at, t0 = datetime.now(timezone.utc), time.monotonic()
     print(f"kvscope bench: loading {args.model} ({'over ' + args.via_websocket if args.via_websocket else 'in-process'})",
@@ -581,7 +581,7 @@ def run_bench(args: argparse.Namespace) -> int:
     finally:
         bench.close()
         target.close()
-    return bench_report.finish(report, args, started_at)
+    return report_module.finish(report, args, started_at)
 
 
 def fit_prompts(bench: Bench) -> dict[int, Prompt]:

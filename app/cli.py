@@ -6,14 +6,15 @@ import argparse
 import logging
 import sys
 
-from .errors import UserError
+from bench.runner import add_parser as add_bench_parser
+from model_runner.errors import UserError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def _preflight(model: str, device: str, dtype: str) -> None:
     """Fail fast, in one line, on what can be checked before the server starts."""
-    from . import loader
+    from model_runner import loader
     if model == "fake" or model.startswith("fake:"):
         return
     torch_device = loader.resolve_device(device)
@@ -83,11 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                    help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed")
     s.set_defaults(func=serve)
-    try:
-        from .bench import add_parser as add_bench
-        add_bench(sub)
-    except ImportError:
-        pass
+    add_bench_parser(sub)  # a broken import fails loudly here, never hides the subcommand
     return parser
 
 

@@ -1,6 +1,6 @@
 """How a bench run is shown: the readable tables (definitions first, then every cell's
 distributions and counts, the baselines, the ratios against their targets, the estimates), the
-JSON file (checked against bench_stats.SCHEMA before it is written) and the optional plot."""
+JSON file (checked against stats.SCHEMA before it is written) and the optional plot."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from .bench_stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
+from .stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
 
 LABELS = {"queue_ms": "queue", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E",
           "delivery_ms": "delivery", "delivery_lower_ms": "deliv-lo"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .bench_stats import percentile
+from .stats import percentile
 
 now = time.monotonic
 
