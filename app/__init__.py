@@ -5,7 +5,11 @@ where they are JSON, e.g. KVSCOPE_ALLOWED_ORIGINS='["http://lab.example:8000"]')
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from flask import Flask
+
+from model_runner import config as engine_defaults
 
 FRAME_LIMIT = 256 * 1024  # room for the 60,000-character limit even in 4-byte UTF-8
 
@@ -13,8 +17,8 @@ DEFAULTS = {
     "MODEL": "default",  # "default" (bundled SmolLM2-135M-Instruct), "fake" (tests), a hub id or a path
     "DEVICE": "auto",
     "DTYPE": "auto",
-    "MAX_QUEUE": 64,
-    "TIMEOUT_S": 120.0,
+    "MAX_QUEUE": engine_defaults.MAX_QUEUE,
+    "TIMEOUT_S": engine_defaults.TIMEOUT_S,
     # Security: the address the server listens on. On a loopback address only loopback Host names
     # are answered (DNS rebinding); ALLOWED_HOSTS replaces that list, e.g. for a LAN address.
     "BIND_HOST": "127.0.0.1",
@@ -31,8 +35,15 @@ DEFAULTS = {
 }
 
 
+def page_folder(name: str) -> Path:
+    """static/ or templates/: inside the installed package after `pip install .`, else the
+    repository's top-level folder (a source checkout or an editable install)."""
+    installed = Path(__file__).resolve().parent / name
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / name
+
+
 def create_app(test_config: dict | None = None) -> Flask:
-    app = Flask(__name__, static_folder="../static", template_folder="../templates")
+    app = Flask(__name__, static_folder=page_folder("static"), template_folder=page_folder("templates"))
     app.config.from_mapping(DEFAULTS)
     app.config.from_prefixed_env("KVSCOPE")  # e.g. KVSCOPE_MODEL=fake
     if test_config:

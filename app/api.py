@@ -12,7 +12,7 @@ from model_runner.request import LIMITS, parse_generate
 
 from .engine_ext import get_engine
 from .security import origin_refusal
-from .session import parse_json_object
+from .protocol import parse_json_object
 
 bp = Blueprint("api", __name__)
 

@@ -7,43 +7,19 @@ import logging
 import sys
 
 from bench.runner import add_parser as add_bench_parser
+from model_runner import config as engine_defaults, loader
 from model_runner.errors import UserError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-def _preflight(model: str, device: str, dtype: str) -> None:
-    """Fail fast, in one line, on what can be checked before the server starts."""
-    from model_runner import loader
-    if model == "fake" or model.startswith("fake:"):
-        return
-    torch_device = loader.resolve_device(device)
-    loader.resolve_dtype(dtype, torch_device)
-    if model == "default":
-        loader.find_default_gguf()
-        return
-    from pathlib import Path
-    if model.startswith((".", "/", "~")) and not Path(model).expanduser().exists():
-        raise UserError(f"--model {model}: no such file or folder; pass a transformers model folder, a hub id "
-                        "you have cached, or leave --model out for the bundled SmolLM2", field="model")
-    if Path(model).expanduser().is_dir():
-        from transformers import AutoTokenizer
-        try:
-            tok = AutoTokenizer.from_pretrained(str(Path(model).expanduser()))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--model {model}: no tokenizer could be loaded from it ({str(exc).splitlines()[0]})",
-                            field="model") from None
-        if not getattr(tok, "chat_template", None):
-            raise UserError(f"--model {model}: its tokenizer has no chat template, so chat messages cannot be "
-                            "rendered; use an instruct/chat model", field="model")
-
-
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
-    _preflight(args.model, args.device, args.dtype)
+    loader.preflight(args.model, args.device, args.dtype)
     config = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "BIND_HOST": args.host,
               "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout,
+              "MAX_QUEUE": args.max_queue,
               # Each open WebSocket holds a thread: keep some free for page and API requests.
               "MAX_SOCKETS": max(1, args.threads - 32)}
 
@@ -80,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     s.add_argument("--dtype", default="auto", help="auto (bf16/fp16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
-    s.add_argument("--timeout", type=float, default=120.0, help="server-side limit per request, seconds")
+    s.add_argument("--timeout", type=float, default=engine_defaults.TIMEOUT_S,
+                   help=f"server-side limit per request, seconds (default {engine_defaults.TIMEOUT_S:g})")
+    s.add_argument("--max-queue", type=int, default=engine_defaults.MAX_QUEUE,
+                   help=f"requests that may wait at once; more are answered 'overloaded' (default {engine_defaults.MAX_QUEUE})")
     s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                    help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed")
     s.set_defaults(func=serve)

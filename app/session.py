@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -20,12 +19,13 @@ from simple_websocket import ConnectionClosed
 from wsproto.utilities import LocalProtocolError
 
 from model_runner.errors import UserError
-from model_runner.events import Error, Event
+from model_runner.events import Event
 from model_runner.request import json_repr, parse_generate
+
+from .protocol import error_event, parse_json_object, parse_request_id
 
 log = logging.getLogger(__name__)
 
-REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}\Z")
 # What a dead or stuck socket raises from send: closed by the peer, reset, or the send timed out.
 SEND_FAILURES = (ConnectionClosed, OSError, LocalProtocolError)
 CLOSE_NORMAL = 1000
@@ -41,34 +41,6 @@ class SessionSettings:
 
 def run_session(ws, engine, settings: SessionSettings = SessionSettings(), peer: str = "") -> None:
     Session(ws, engine, settings, peer).run()
-
-
-def parse_json_object(text: Any) -> dict:
-    """Decode one client message; raise UserError(code="invalid_json") unless it is a JSON object.
-
-    Python's json accepts NaN and Infinity: they pass here so the field check can name the field.
-    A lone surrogate escape ("\\ud800") decodes to a str that cannot be encoded as UTF-8 later, in
-    the tokenizer or on the way back out, so it is refused here.
-    """
-    if not isinstance(text, str):
-        raise UserError("binary frames are not accepted: send JSON in a text frame", code="invalid_json")
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise UserError("the JSON is nested too deeply", code="invalid_json") from None
-    except ValueError as exc:
-        raise UserError(f"the message is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise UserError("the message must be a JSON object with a `type`", code="invalid_json")
-    try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError("the JSON contains an unpaired surrogate escape (\\ud800–\\udfff)", code="invalid_json") from None
-    return data
-
-
-def error_event(request_id: str | None, exc: UserError) -> Error:
-    return Error(request_id=request_id, t_ms=0.0, code=exc.code, message=exc.message, field=exc.field)
 
 
 class Session:
@@ -122,12 +94,11 @@ class Session:
             self._send_error(None, UserError("the server failed to handle this message", code="internal"))
 
     def _request_id(self, data: dict) -> str | None:
-        rid = data.get("request_id")
-        if isinstance(rid, str) and REQUEST_ID_RE.match(rid):
-            return rid
-        self._send_error(None, UserError(
-            f"`request_id` must be 1 to 64 characters of A-Z a-z 0-9 _ . : -, got {json_repr(rid)}", field="request_id"))
-        return None
+        try:
+            return parse_request_id(data)
+        except UserError as exc:
+            self._send_error(None, exc)
+            return None
 
     def _generate(self, data: dict) -> None:
         rid = self._request_id(data)
@@ -193,7 +164,8 @@ class Session:
             handle.cancel(cause="disconnect")
         finally:
             self._forget(rid)
-            log.info("ws %s: request %s ended: %s", self.peer, rid, describe_end(last))
+            log.info("ws %s: request %s ended: %s", self.peer, rid, describe_end(last),
+                     extra={"kvscope": {"event": "request_ended", "request_id": rid, **end_fields(last)}})
 
     def _forget(self, rid: str) -> None:
         with self._lock:
@@ -218,7 +190,9 @@ class Session:
     def _send_error(self, rid: str | None, exc: UserError) -> None:
         if self._send(error_event(rid, exc).to_json()):
             log.info("ws %s: refused %s: %s%s", self.peer, rid or "a frame", exc.code,
-                     f" ({exc.field})" if exc.field else "")
+                     f" ({exc.field})" if exc.field else "",
+                     extra={"kvscope": {"event": "request_refused", "request_id": rid, "code": exc.code,
+                                        "field": exc.field}})
 
     def _close(self, code: int, reason: str) -> None:
         with self._send_lock:
@@ -254,3 +228,12 @@ def describe_end(event: Event | None) -> str:
     if d["type"] == "cancelled":
         return f"cancelled ({d['cause']}, in {d['state']}, {d['tokens']} tokens)"
     return f"error ({d['code']})"
+
+
+def end_fields(event: Event | None) -> dict[str, Any]:
+    """How a request ended, as log record fields (`extra`) for tools and tests: what describe_end
+    says, never the answer's text."""
+    if event is None or not event.terminal:
+        return {"outcome": "none"}
+    d = event.to_dict()
+    return {"outcome": d["type"], **{k: d[k] for k in ("reason", "cause", "state", "tokens", "code") if k in d}}

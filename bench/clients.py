@@ -187,7 +187,7 @@ def _submit(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
     except UserError as exc:
         record.fail(exc.code, exc.message)
         return None
-    record.server_zero, record.zero_exact = handle.request.submitted_at, True
+    record.server_zero, record.zero_exact = handle.submitted_at, True
     return handle
 
 

@@ -9,48 +9,28 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import events as ev
+from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, display_text
 from .errors import UserError
 from .kv_cache import KVCache
 from .loader import LoadedModel, load
+from .metrics import request_metrics
 from .prompt import plan
-from .request import GenerateParams, Request, State
+from .request import GenerateParams
 from .sampler import Choice, choose, make_generator
 from .scheduler import Scheduler
+from .sequence import Sequence
 from .stopping import StopChecker
 from .stream import RequestHandle
 
+__all__ = ["Engine", "EngineConfig"]
+
 log = logging.getLogger("kvscope.engine")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str = "default"
-    device: str = "auto"
-    dtype: str = "auto"
-    max_queue: int = 64
-    timeout_s: float = 120.0  # server-side limit per request, from submit
-    event_buffer: int = 1024  # events a client may fall behind before it is dropped as slow
-
-
-@dataclass
-class _Run:
-    """Per-request working state that only the worker touches."""
-    handle: RequestHandle
-    cache: KVCache | None = None
-    detok: IncrementalDetokenizer | None = None
-    stopper: StopChecker | None = None
-    generator: torch.Generator | None = None
-    prefill_start: float = 0.0
-    token_times: list[float] | None = None
-    first_text_at: float | None = None
-    released_text: str = ""
 
 
 class Engine:
@@ -60,7 +40,6 @@ class Engine:
         self.scheduler = Scheduler(config.max_queue)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._runs: dict[int, _Run] = {}
         self._status = "ready" if loaded else "loading"
         self._reason: str | None = None
         self._stopping = False
@@ -114,18 +93,16 @@ class Engine:
         """Queue a request; raise UserError when it cannot be (bad budget, full queue, no model)."""
         self._require_ready()
         view = plan(self.loaded.tokenizer, params, self.loaded.facts.context_window)
-        request = Request(id=request_id or f"req-{next(self._ids)}", params=params)
-        request.prompt_ids = view.ids
-        request.max_new_tokens = view.budget["max_new_tokens"]
-        handle = RequestHandle(request, self.config.event_buffer, self._cancel)
+        seq = Sequence(id=request_id or f"req-{next(self._ids)}", params=params, prompt_ids=view.ids,
+                       max_new_tokens=view.budget["max_new_tokens"])
+        handle = seq.stream = RequestHandle(seq, self.config.event_buffer, self._cancel)
         with self._lock:
             if self._closed is not None:  # checked under the lock: the worker may be draining now
                 raise UserError(f"the model is not available: {self._closed}", code="model_failed")
-            self.scheduler.add(request)  # raises overloaded before anything is emitted
-            self._runs[self._key(request)] = _Run(handle)
+            self.scheduler.add(seq)  # raises overloaded before anything is emitted
             handle.push(ev.Accepted(
-                request.id, request.ms_since_submit(), view.prompt_tokens, view.content_tokens, view.template_tokens,
-                request.max_new_tokens, self.loaded.facts.context_window, view.budget, params.delivery,
+                seq.id, seq.ms_since_submit(), view.prompt_tokens, view.content_tokens, view.template_tokens,
+                seq.max_new_tokens, self.loaded.facts.context_window, view.budget, params.delivery,
                 params.kv_cache, params.prefill_chunk))
             self._announce_positions()
             self._wake.notify_all()
@@ -138,15 +115,14 @@ class Engine:
         if not ok or self._status != "ready":
             raise UserError(f"the model is not available: {why}", code="model_failed")
 
-    def _cancel(self, handle: RequestHandle, cause: str) -> None:
+    def _cancel(self, seq: Sequence, cause: str) -> None:
         """Cancel from any thread: a waiting request ends here and now, never prefilled; a running
         one is flagged and the worker ends it before its next model step."""
-        request = handle.request
         with self._lock:
-            if request.cancel_cause is None:
-                request.cancel_cause = cause
-            if self.scheduler.remove_waiting(request):
-                self._end(self._runs.pop(self._key(request)), "queued")
+            if seq.cancel_cause is None:
+                seq.cancel_cause = cause
+            if self.scheduler.is_waiting(seq):
+                self._end(seq, cancelled=True)
                 self._announce_positions()
             self._wake.notify_all()
 
@@ -184,27 +160,24 @@ class Engine:
         """One engine step: schedule → run the model (prefill or one decode token) → postprocess."""
         with self._lock:
             self._expire_waiting()
-            request = self.scheduler.schedule()
-            if request is None:
+            seq = self.scheduler.schedule()
+            if seq is None:
                 return
-            run = self._runs[self._key(request)]
-            if request.state == State.PREFILL and run.cache is None and run.token_times is None:
+            if not seq.started:
                 self._announce_positions()
-        if self._should_stop_before_step(request, run):
+        if self._should_stop_before_step(seq):
             return
         try:
-            if run.token_times is None:
-                self._prefill(request, run)
+            if seq.started:
+                self._decode(seq)
             else:
-                self._decode(request, run)
+                self._prefill(seq)
             self.steps += 1
         except Exception as exc:  # the request fails, the worker lives on
-            log.error("model step failed for %s: %s", request.id, exc)
+            log.error("model step failed for %s: %s", seq.id, exc)
             log.debug("%s", traceback.format_exc())
             with self._lock:
-                self._end(self._runs.pop(self._key(request)), None,
-                          error=("internal", f"the model step failed: {type(exc).__name__}: {exc}"))
-                self.scheduler.finish_running()
+                self._end(seq, error=("internal", f"the model step failed: {type(exc).__name__}: {exc}"))
 
     # ---- model work ------------------------------------------------------------------------------
 
@@ -221,61 +194,65 @@ class Engine:
         elif device == "mps":
             torch.mps.synchronize()
 
-    def _prefill(self, request: Request, run: _Run) -> None:
-        params, facts, device = request.params, self.loaded.facts, self._device()
-        run.prefill_start = time.monotonic()
-        run.token_times = []
-        run.detok = IncrementalDetokenizer(self.loaded.tokenizer)
-        run.stopper = StopChecker(eos_ids=self.loaded.tokenizer.eos_ids, stop=params.stop,
-                                  max_new_tokens=request.max_new_tokens, prompt_tokens=len(request.prompt_ids),
+    def _start(self, seq: Sequence) -> None:
+        """The request's working state, made when its prefill begins."""
+        params, facts = seq.params, self.loaded.facts
+        seq.prefill_start = time.monotonic()
+        seq.detok = IncrementalDetokenizer(self.loaded.tokenizer)
+        seq.stopper = StopChecker(eos_ids=self.loaded.tokenizer.eos_ids, stop=params.stop,
+                                  max_new_tokens=seq.max_new_tokens, prompt_tokens=len(seq.prompt_ids),
                                   context_window=facts.context_window)
-        run.generator = make_generator(params.sampling, device)
-        run.cache = KVCache(self.loaded.model.config, facts) if params.kv_cache else None
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)  # [1, prompt]
+        seq.generator = make_generator(params.sampling, self._device())
+        seq.cache = KVCache(self.loaded.model.config, facts) if params.kv_cache else None
+
+    def _prefill(self, seq: Sequence) -> None:
+        self._start(seq)
+        chunk_size = seq.params.prefill_chunk
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self._device())  # [1, prompt]
         n = ids.shape[1]
-        run.handle.push(ev.PrefillStart(request.id, request.ms_since_submit(), n, params.prefill_chunk))
-        chunk = params.prefill_chunk or n
-        for start in range(0, n, chunk):
+        seq.stream.push(ev.PrefillStart(seq.id, seq.ms_since_submit(), n, chunk_size))
+        for start in range(0, n, chunk_size or n):
             t0 = time.monotonic()
-            logits = self._forward(ids[:, start:start + chunk], run.cache)  # [vocab]
+            logits = self._forward(ids[:, start:start + (chunk_size or n)], seq.cache)  # [vocab]
             self._sync()
-            if params.prefill_chunk:
-                run.handle.push(ev.PrefillChunk(request.id, request.ms_since_submit(), start, min(n, start + chunk),
-                                                (time.monotonic() - t0) * 1000, run.cache.tokens if run.cache else 0))
-            if request.cancel_cause:  # a cancel between chunks stops the prefill there
+            if chunk_size:
+                seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(), start, min(n, start + chunk_size),
+                                                (time.monotonic() - t0) * 1000, seq.cache.tokens if seq.cache else 0))
+            if seq.cancel_cause:  # a cancel between chunks stops the prefill there
                 return
-        choice = choose(logits, params.sampling, run.generator)
+        choice = choose(logits, seq.params.sampling, seq.generator)
         now = time.monotonic()
-        prefill_ms = (now - run.prefill_start) * 1000
-        request.state = State.DECODE
-        cache_tokens, measured, formula = self._cache_numbers(run)
-        run.handle.push(ev.PrefillEnd(
-            request.id, request.ms_since_submit(now), n, prefill_ms, n / max(prefill_ms / 1000, 1e-9),
+        prefill_ms = (now - seq.prefill_start) * 1000
+        self.scheduler.prefilled(seq)
+        cache_tokens, measured, formula = self._cache_numbers(seq)
+        seq.stream.push(ev.PrefillEnd(
+            seq.id, seq.ms_since_submit(now), n, prefill_ms, n / max(prefill_ms / 1000, 1e-9),
             cache_tokens, measured, formula,
             {"id": choice.token_id, "text": display_text(self.loaded.tokenizer, choice.token_id),
              "prob": choice.prob, "candidates": self._candidates(choice)}))
-        self._accept_token(request, run, choice, now, step_ms=0.0)
+        self._accept_token(seq, choice, now, step_ms=0.0)
 
-    def _decode(self, request: Request, run: _Run) -> None:
+    def _decode(self, seq: Sequence) -> None:
         device = self._device()
-        if run.cache is not None:
-            ids = torch.tensor([[request.output_ids[-1]]], dtype=torch.long, device=device)  # [1, 1]
+        if seq.cache is not None:
+            ids = torch.tensor([[seq.output_ids[-1]]], dtype=torch.long, device=device)  # [1, 1]
         else:  # no cache: recompute every position, the cost the cache saves
-            ids = torch.tensor([request.prompt_ids + request.output_ids], dtype=torch.long, device=device)  # [1, seq]
+            ids = torch.tensor([seq.prompt_ids + seq.output_ids], dtype=torch.long, device=device)  # [1, seq]
         t0 = time.monotonic()
-        logits = self._forward(ids, run.cache)  # [vocab]
+        logits = self._forward(ids, seq.cache)  # [vocab]
         self._sync()
-        choice = choose(logits, request.params.sampling, run.generator)
+        choice = choose(logits, seq.params.sampling, seq.generator)
         now = time.monotonic()
-        self._accept_token(request, run, choice, now, step_ms=(now - t0) * 1000)
+        self._accept_token(seq, choice, now, step_ms=(now - t0) * 1000)
 
     def _device(self) -> torch.device:
         return torch.device(self.loaded.facts.device)
 
-    def _cache_numbers(self, run: _Run) -> tuple[int, int, int]:
-        if run.cache is None:
+    @staticmethod
+    def _cache_numbers(seq: Sequence) -> tuple[int, int, int]:
+        if seq.cache is None:
             return 0, 0, 0
-        return run.cache.tokens, run.cache.measured_bytes(), run.cache.formula_bytes()
+        return seq.cache.tokens, seq.cache.measured_bytes(), seq.cache.formula_bytes()
 
     def _candidates(self, choice: Choice) -> list[ev.Candidate]:
         tok = self.loaded.tokenizer
@@ -283,108 +260,78 @@ class Engine:
 
     # ---- postprocess -----------------------------------------------------------------------------
 
-    def _accept_token(self, request: Request, run: _Run, choice: Choice, now: float, step_ms: float) -> None:
-        request.output_ids.append(choice.token_id)
-        run.token_times.append(now)
-        index = len(request.output_ids) - 1
-        new_text = run.detok.feed(choice.token_id)
-        released, reason = run.stopper.add(choice.token_id, new_text, len(request.output_ids))
-        buffered = request.params.delivery == "buffered"
-        if released and not buffered and run.first_text_at is None:
-            run.first_text_at = now
-        run.released_text += released
-        cache_tokens, measured, formula = self._cache_numbers(run)
-        pushed = run.handle.push(ev.Token(
-            request.id, request.ms_since_submit(now), index, choice.token_id, "" if buffered else released,
-            run.detok.is_pending, step_ms, cache_tokens, measured, formula, choice.prob, self._candidates(choice)))
-        if not pushed and request.cancel_cause is None:
-            request.cancel_cause = "slow_client"
+    def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float) -> None:
+        seq.output_ids.append(choice.token_id)
+        seq.token_times.append(now)
+        index = len(seq.output_ids) - 1
+        new_text = seq.detok.feed(choice.token_id)
+        released, reason = seq.stopper.add(choice.token_id, new_text, len(seq.output_ids))
+        buffered = seq.params.delivery == "buffered"
+        if released and not buffered and seq.first_text_at is None:
+            seq.first_text_at = now
+        seq.released_text += released
+        cache_tokens, measured, formula = self._cache_numbers(seq)
+        pushed = seq.stream.push(ev.Token(
+            seq.id, seq.ms_since_submit(now), index, choice.token_id, "" if buffered else released,
+            seq.detok.is_pending, step_ms, cache_tokens, measured, formula, choice.prob, self._candidates(choice)))
+        if not pushed and seq.cancel_cause is None:
+            seq.cancel_cause = "slow_client"
         if reason is not None:
             with self._lock:
-                self._end(self._runs.pop(self._key(request)), None, reason=reason, token_index=index)
-                self.scheduler.finish_running()
+                self._end(seq, reason=reason)
 
-    def _should_stop_before_step(self, request: Request, run: _Run) -> bool:
+    def _should_stop_before_step(self, seq: Sequence) -> bool:
         """Cancel or timeout, checked before every model step (so within one decode step)."""
-        state = request.state.value
-        if request.cancel_cause is None and self._timed_out(request) is None:
+        if seq.cancel_cause is None and not self._timed_out(seq):
             return False
         with self._lock:
-            if request.cancel_cause:
-                self._end(self._runs.pop(self._key(request)), state)
+            if seq.cancel_cause:
+                self._end(seq, cancelled=True)
             else:
-                self._end(self._runs.pop(self._key(request)), None, reason="timeout",
-                          token_index=len(request.output_ids) - 1)
-            self.scheduler.finish_running()
+                self._end(seq, reason="timeout")
         return True
 
-    def _timed_out(self, request: Request) -> float | None:
-        limit = min(request.params.timeout_s or self.config.timeout_s, self.config.timeout_s)
-        return limit if request.ms_since_submit() > limit * 1000 else None
+    def _timed_out(self, seq: Sequence) -> bool:
+        limit = min(seq.params.timeout_s or self.config.timeout_s, self.config.timeout_s)
+        return seq.ms_since_submit() > limit * 1000
 
     def _expire_waiting(self) -> None:
-        for request in [r for r in self.scheduler.waiting if self._timed_out(r) is not None]:
-            self.scheduler.remove_waiting(request)
-            self._end(self._runs.pop(self._key(request)), None, reason="timeout", token_index=-1)
+        for seq in [s for s in self.scheduler.waiting if self._timed_out(s)]:
+            self._end(seq, reason="timeout")
 
-    def _metrics(self, request: Request, run: _Run, end: float) -> dict[str, Any]:
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - request.submitted_at) * 1000, 3)
-        times = run.token_times or []
-        n = len(times)
-        e2e = ms(end)
-        ttft = ms(times[0]) if times else None
-        itl = [round((b - a) * 1000, 3) for a, b in zip(times, times[1:])]
-        decode_s = times[-1] - times[0] if n > 1 else 0.0
-        buffered = request.params.delivery == "buffered"
-        return {
-            "queue_ms": ms(run.prefill_start) if run.prefill_start else e2e,
-            "prefill_ms": round((times[0] - run.prefill_start) * 1000, 3) if times else None,
-            "ttft_ms": ttft,
-            "tpot_ms": round((e2e - ttft) / (n - 1), 3) if n > 1 else None,
-            "e2e_ms": e2e,
-            "decode_tokens_per_s": round((n - 1) / decode_s, 3) if decode_s > 0 else None,
-            "first_text_ms": e2e if buffered and run.released_text else ms(run.first_text_at),
-            "itl_ms": itl,
-        }
-
-    def _end(self, run: _Run, cancel_state: str | None, *, reason: str | None = None, token_index: int = -1,
+    def _end(self, seq: Sequence, *, cancelled: bool = False, reason: str | None = None,
              error: tuple[str, str] | None = None) -> None:
         """Emit the request's one terminal event and free its cache. Caller holds the lock."""
-        request, now = run.handle.request, time.monotonic()
-        text = run.stopper.text if run.stopper else ""
-        metrics = self._metrics(request, run, now)
-        t = request.ms_since_submit(now)
+        was = self.scheduler.finish(seq).value
+        now = time.monotonic()
+        metrics, t = request_metrics(seq, now), seq.ms_since_submit(now)
         if error is not None:
-            terminal = ev.Error(request.id, t, error[0], error[1])
-        elif cancel_state is not None:
-            terminal = ev.Cancelled(request.id, t, "cancelled", request.cancel_cause or "client", cancel_state,
-                                    len(request.output_ids), text, metrics)
+            terminal = ev.Error(seq.id, t, error[0], error[1])
+        elif cancelled:
+            terminal = ev.Cancelled(seq.id, t, "cancelled", seq.cancel_cause or "client", was,
+                                    len(seq.output_ids), seq.text, metrics)
         else:
-            terminal = ev.Finished(request.id, t, reason, token_index, len(request.output_ids), text, metrics)
-        run.cache = None  # free the KV tensors now, not when the handle is collected
-        request.state = State.DONE
-        run.handle.finish(terminal)
+            terminal = ev.Finished(seq.id, t, reason, len(seq.output_ids) - 1, len(seq.output_ids), seq.text, metrics)
+        seq.release()
+        seq.stream.finish(terminal)
 
     def _announce_positions(self) -> None:
-        for request, position, ahead in self.scheduler.positions():
-            run = self._runs.get(self._key(request))
-            if run is not None and run.handle.last_position != position:
-                run.handle.last_position = position
-                run.handle.push(ev.Queued(request.id, request.ms_since_submit(), position, ahead))
+        for seq, position, ahead in self.scheduler.positions():
+            if seq.stream.last_position != position:
+                seq.stream.last_position = position
+                seq.stream.push(ev.Queued(seq.id, seq.ms_since_submit(), position, ahead))
 
     def _drain(self, cause: str) -> None:
         with self._lock:
-            for key in list(self._runs):
-                run = self._runs.pop(key)
-                run.handle.request.cancel_cause = run.handle.request.cancel_cause or "shutdown"
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                seq.cancel_cause = seq.cancel_cause or "shutdown"
                 if cause == "shutdown":
-                    self._end(run, run.handle.request.state.value)
+                    self._end(seq, cancelled=True)
                 else:
-                    self._end(run, None, error=("worker_dead", f"the engine worker stopped: {self._reason}"))
-            self.scheduler.waiting.clear()
-            self.scheduler.running = None
+                    self._end(seq, error=("worker_dead", f"the engine worker stopped: {self._reason}"))
 
-    @staticmethod
-    def _key(request: Request) -> int:
-        return id(request)  # request ids are the clients' own and may repeat across sockets
+    @property
+    def active(self) -> int:
+        """Requests queued or running, for tests and health."""
+        with self._lock:
+            return len(self.scheduler)

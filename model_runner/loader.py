@@ -179,10 +179,7 @@ def _load_default(device, dtype, progress: Progress):
 
 def _load_named(spec: str, device, dtype, progress: Progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    looks_like_path = spec.startswith((".", "/", "~"))
-    if looks_like_path and not Path(spec).expanduser().exists():
-        raise UserError(f"--model {spec}: no such file or folder; pass a transformers model folder, a hub id "
-                        "you have cached, or leave --model out for the bundled SmolLM2", code="model_missing", field="model")
+    require_existing_path(spec)
     progress(f"loading {spec}")
     try:
         tok = AutoTokenizer.from_pretrained(spec)
@@ -195,12 +192,49 @@ def _load_named(spec: str, device, dtype, progress: Progress):
     return model, tok, spec, spec, False
 
 
+def is_fake(spec: str) -> bool:
+    return spec == "fake" or spec.startswith("fake:")
+
+
+def require_existing_path(spec: str) -> None:
+    if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
+        raise UserError(f"--model {spec}: no such file or folder; pass a transformers model folder, a hub id "
+                        "you have cached, or leave --model out for the bundled SmolLM2", code="model_missing", field="model")
+
+
+def require_chat_template(tok, spec: str) -> None:
+    if not getattr(tok, "chat_template", None):
+        raise UserError(f"--model {spec}: its tokenizer has no chat template, so chat messages cannot be rendered; "
+                        "use an instruct/chat model", code="no_chat_template", field="model")
+
+
+def preflight(spec: str, device: str, dtype: str) -> None:
+    """The checks `load` makes that need no weights, so `kvscope serve` fails in one line before it
+    starts listening: device, dtype, the bundled model's file, a local folder's tokenizer."""
+    if is_fake(spec):
+        return
+    resolve_dtype(dtype, resolve_device(device))
+    if spec == "default":
+        find_default_gguf()
+        return
+    require_existing_path(spec)
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        from transformers import AutoTokenizer
+        try:
+            tok = AutoTokenizer.from_pretrained(str(folder))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--model {spec}: no tokenizer could be loaded from it ({str(exc).splitlines()[0]})",
+                            code="model_missing", field="model") from None
+        require_chat_template(tok, spec)
+
+
 def load(spec: str = "default", device: str = "auto", dtype: str = "auto",
          progress: Progress = lambda msg: None) -> LoadedModel:
     """Load a model ready for inference; UserError (one line, what to do) when it cannot be."""
     from .tokenizer import HFTokenizer
     started = time.perf_counter()
-    if spec == "fake" or spec.startswith("fake:"):
+    if is_fake(spec):
         from .fake import build_fake
         delay_ms = float(spec.partition("delay=")[2] or 0)
         model, tok = build_fake(delay_ms / 1000)
@@ -212,9 +246,7 @@ def load(spec: str = "default", device: str = "auto", dtype: str = "auto",
         model, tok, name, source, from_cache = _load_default(torch_device, torch_dtype, progress)
     else:
         model, tok, name, source, from_cache = _load_named(spec, torch_device, torch_dtype, progress)
-    if not getattr(tok, "chat_template", None):
-        raise UserError(f"--model {spec}: its tokenizer has no chat template, so chat messages cannot be rendered; "
-                        "use an instruct/chat model", code="no_chat_template", field="model")
+    require_chat_template(tok, spec)
     model = model.to(torch_device).eval()
     facts = read_facts(model, name, source, torch_device)
     progress(f"ready: {facts.name}, {facts.layers} layers, {facts.params / 1e6:.1f}M parameters, "

@@ -1,4 +1,4 @@
-"""A generation request: its validated parameters (from untrusted JSON) and its mutable run state.
+"""A generation request's validated parameters, from untrusted JSON.
 
 `parse_generate` is the single gatekeeper: every field is checked and a bad one raises `UserError`
 naming the field and its limit, in the spirit of TGI's messages.
@@ -6,9 +6,7 @@ naming the field and its limit, in the spirit of TGI's messages.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
@@ -60,29 +58,6 @@ class GenerateParams:
     prefill_chunk: int = 0  # 0 = the whole prompt in one forward pass
     overflow: str = "reject"
     timeout_s: float | None = None  # None = the engine's server-side limit
-
-
-class State(str, Enum):
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DONE = "done"
-
-
-@dataclass
-class Request:
-    """One request's run state; owned by the engine's worker once submitted."""
-    id: str
-    params: GenerateParams
-    submitted_at: float = field(default_factory=time.monotonic)
-    state: State = State.QUEUED
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    max_new_tokens: int = 0  # after the budget decision
-    cancel_cause: str | None = None  # set from any thread; the worker acts on it between steps
-
-    def ms_since_submit(self, now: float | None = None) -> float:
-        return ((now if now is not None else time.monotonic()) - self.submitted_at) * 1000.0
 
 
 # ---- validation -----------------------------------------------------------------------------

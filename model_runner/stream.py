@@ -8,12 +8,12 @@ from collections import deque
 from typing import Callable, Iterator
 
 from .events import Event
-from .request import Request
+from .sequence import Sequence
 
 
 class RequestHandle:
-    def __init__(self, request: Request, capacity: int, canceller: Callable[["RequestHandle", str], None]):
-        self.request = request
+    def __init__(self, sequence: Sequence, capacity: int, canceller: Callable[[Sequence, str], None]):
+        self.sequence = sequence
         self.capacity = capacity
         self._canceller = canceller
         self._events: deque[Event] = deque()
@@ -23,7 +23,12 @@ class RequestHandle:
 
     @property
     def id(self) -> str:
-        return self.request.id
+        return self.sequence.id
+
+    @property
+    def submitted_at(self) -> float:
+        """The request's time zero (time.monotonic), which every event's t_ms counts from."""
+        return self.sequence.submitted_at
 
     @property
     def done(self) -> bool:
@@ -70,4 +75,4 @@ class RequestHandle:
 
     def cancel(self, cause: str = "client") -> None:
         if self._terminal is None:
-            self._canceller(self, cause)
+            self._canceller(self.sequence, cause)
