@@ -1,30 +1,37 @@
-// Polls /api/model until the model is ready or failed, and tells the rest of the page via a
-// `kvscope:model` event on document (detail = the /api/model JSON).
-let timer = null;
+// Polls /api/model until the model is ready or failed, says so in the header's status line and in
+// every [data-model-name] slot (the footer names the model actually loaded, not a fixed one), and
+// tells the rest of the page via a `kvscope:model` event on document (detail = the /api/model JSON).
+import { defineFigure } from './shared/figure.js';
+
 let latest = null;
 
 export function currentModel() { return latest; }
 
-export function mount(el) {
+export const { mount, destroy } = defineFigure((el, figure) => {
   async function poll() {
     try {
-      const res = await fetch('/api/model');
+      const res = await fetch('/api/model', { signal: figure.signal });
       latest = await res.json();
       render(el, latest);
       document.dispatchEvent(new CustomEvent('kvscope:model', { detail: latest }));
-      if (latest.status === 'loading') timer = setTimeout(poll, 1000);
+      if (latest.status === 'loading') figure.timeout(poll, 1000);
     } catch (err) {
+      if (!figure.alive) return; // destroyed: the fetch was aborted on purpose
       if (el) el.textContent = 'Model: server not reachable.';
-      timer = setTimeout(poll, 3000);
+      figure.timeout(poll, 3000);
     }
   }
   poll();
-}
+});
 
 function render(el, info) {
+  const f = info.facts || {};
+  for (const slot of document.querySelectorAll('[data-model-name]')) {
+    slot.textContent = info.status === 'ready' ? f.name || 'an unnamed model'
+      : info.status === 'failed' ? 'no model (it failed to load)' : 'a model that is still loading';
+  }
   if (!el) return;
   if (info.status === 'ready') {
-    const f = info.facts || {};
     el.textContent = `Model: ${f.name || 'ready'} on ${f.device_name || f.device || '?'} (${f.dtype || '?'}) — ready.`;
   } else if (info.status === 'failed') {
     el.textContent = `Model failed to load: ${info.reason || 'unknown reason'}`;
@@ -33,5 +40,3 @@ function render(el, info) {
   }
   el.dataset.status = info.status;
 }
-
-export function destroy() { if (timer) clearTimeout(timer); }

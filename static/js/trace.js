@@ -1,33 +1,33 @@
 // The kvscope trace format (docs/trace-format.md): build, validate and parse a run's record, and
 // derive from its events what the walkthrough's stages show. Pure: no DOM, no network.
+import { EVENT, EVENT_FIELDS as PROTOCOL_FIELDS, isTerminal } from './shared/protocol.js';
+
 export const FORMAT = 'kvscope-trace';
 export const VERSION = 1;
 export const MAX_EVENTS = 20000;
 
-const TERMINAL = new Set(['finished', 'cancelled', 'error']);
-
-// Fields every event of a type must carry (docs/protocol.md), with the checks the walkthrough relies on.
 const isNum = (v) => typeof v === 'number' && Number.isFinite(v);
 const isInt = (v) => Number.isInteger(v);
 const isStr = (v) => typeof v === 'string';
 const isBool = (v) => typeof v === 'boolean';
 const isObj = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
 const isArr = Array.isArray;
+const CHECK = { int: isInt, num: isNum, str: isStr, bool: isBool, obj: isObj, arr: isArr };
 
-export const EVENT_FIELDS = {
-  accepted: { prompt_tokens: isInt, content_tokens: isInt, template_tokens: isInt, max_new_tokens: isInt,
-    context_window: isInt, budget: isObj, delivery: isStr, kv_cache: isBool, prefill_chunk: isInt },
-  queued: { position: isInt, ahead: isInt },
-  prefill_start: { prompt_tokens: isInt, chunk_size: isInt },
-  prefill_chunk: { start: isInt, end: isInt, ms: isNum, cache_tokens: isInt },
-  prefill_end: { tokens: isInt, ms: isNum, tokens_per_s: isNum, cache_tokens: isInt,
-    cache_bytes_measured: isInt, cache_bytes_formula: isInt, first_token: isObj },
-  token: { index: isInt, id: isInt, text: isStr, pending: isBool, step_ms: isNum, cache_tokens: isInt,
-    cache_bytes_measured: isInt, cache_bytes_formula: isInt, prob: isNum, candidates: isArr },
-  finished: { reason: isStr, token_index: isInt, tokens: isInt, text: isStr, metrics: isObj },
-  cancelled: { reason: isStr, cause: isStr, state: isStr, tokens: isInt, text: isStr, metrics: isObj },
-  error: { code: isStr, message: isStr },
-};
+// A checker for a protocol kind; "str?" accepts null or absence too.
+function checker(kind) {
+  if (!kind.endsWith('?')) return CHECK[kind];
+  const ok = CHECK[kind.slice(0, -1)];
+  const optional = (v) => v == null || ok(v);
+  optional.optional = true;
+  return optional;
+}
+
+// Fields every event of a type must carry, with the checks the walkthrough relies on: the
+// protocol's own list (shared/protocol.js, kept equal to model_runner/events.py by a test).
+export const EVENT_FIELDS = Object.fromEntries(Object.entries(PROTOCOL_FIELDS).map(([type, fields]) => [
+  type, Object.fromEntries(Object.entries(fields).map(([name, kind]) => [name, checker(kind)])),
+]));
 
 const MODEL_FIELDS = { name: isStr, layers: isInt, kv_heads: isInt, head_dim: isInt, bytes_per_element: isNum,
   context_window: isInt, kv_bytes_per_token: isInt };
@@ -54,7 +54,7 @@ export function serializeTrace(trace) {
 
 function checkFields(obj, fields, where, problems) {
   for (const [name, ok] of Object.entries(fields)) {
-    if (!(name in obj)) problems.push(`${where} lacks \`${name}\``);
+    if (!(name in obj)) { if (!ok.optional) problems.push(`${where} lacks \`${name}\``); }
     else if (!ok(obj[name])) problems.push(`${where}.${name} has the wrong type`);
   }
 }
@@ -65,20 +65,21 @@ function validateEvents(events, complete, problems) {
   events.forEach((ev, i) => {
     const where = `events[${i}]`;
     if (!isObj(ev)) { problems.push(`${where} is not an object`); return; }
-    const fields = EVENT_FIELDS[ev.type];
+    // Own keys only: a `type` of "constructor" must not find Object's.
+    const fields = Object.hasOwn(EVENT_FIELDS, ev.type) ? EVENT_FIELDS[ev.type] : null;
     if (!fields) { problems.push(`${where}.type ${JSON.stringify(ev.type)} is not a protocol event`); return; }
     if (!isNum(ev.t_ms)) problems.push(`${where}.t_ms must be a number`);
     else if (ev.t_ms < lastT) problems.push(`${where}.t_ms goes back in time`);
     else lastT = ev.t_ms;
     checkFields(ev, fields, where, problems);
-    if (ev.type === 'token' && isInt(ev.index)) {
+    if (ev.type === EVENT.TOKEN && isInt(ev.index)) {
       if (ev.index !== nextIndex) problems.push(`${where} is token ${ev.index}, expected ${nextIndex}`);
       nextIndex = ev.index + 1;
     }
-    if (TERMINAL.has(ev.type) && i !== events.length - 1) problems.push(`${where} is terminal but not the last event`);
+    if (isTerminal(ev.type) && i !== events.length - 1) problems.push(`${where} is terminal but not the last event`);
   });
   const last = events[events.length - 1];
-  if (complete && !(last && TERMINAL.has(last.type))) problems.push('the events do not end with a terminal event');
+  if (complete && !(last && isTerminal(last.type))) problems.push('the events do not end with a terminal event');
 }
 
 // Every problem found, as short sentences; [] means the trace is usable. `complete: false` accepts a
@@ -147,8 +148,8 @@ export function splitWord(tokens) {
 }
 
 function queueOf(events) {
-  const queued = events.filter((e) => e.type === 'queued');
-  const start = events.find((e) => e.type === 'prefill_start');
+  const queued = events.filter((e) => e.type === EVENT.QUEUED);
+  const start = events.find((e) => e.type === EVENT.PREFILL_START);
   const from = queued.length ? queued[0].t_ms : null;
   return {
     entered: queued.length > 0,
@@ -163,8 +164,8 @@ function queueOf(events) {
 }
 
 function prefillOf(events) {
-  const start = events.find((e) => e.type === 'prefill_start');
-  const end = events.find((e) => e.type === 'prefill_end');
+  const start = events.find((e) => e.type === EVENT.PREFILL_START);
+  const end = events.find((e) => e.type === EVENT.PREFILL_END);
   return {
     started: !!start,
     done: !!end,
@@ -173,7 +174,7 @@ function prefillOf(events) {
     tokensPerS: end ? end.tokens_per_s : null,
     startMs: start ? start.t_ms : null,
     endMs: end ? end.t_ms : null,
-    chunks: events.filter((e) => e.type === 'prefill_chunk').map((e) => ({ start: e.start, end: e.end, ms: e.ms })),
+    chunks: events.filter((e) => e.type === EVENT.PREFILL_CHUNK).map((e) => ({ start: e.start, end: e.end, ms: e.ms })),
     cacheTokens: end ? end.cache_tokens : 0,
     cacheBytes: end ? end.cache_bytes_measured : 0,
   };
@@ -181,13 +182,13 @@ function prefillOf(events) {
 
 function endOf(events) {
   const last = events[events.length - 1];
-  if (!last || !TERMINAL.has(last.type)) return null;
+  if (!last || !isTerminal(last.type)) return null;
   return {
     type: last.type,
-    reason: last.type === 'error' ? last.code : last.reason,
+    reason: last.type === EVENT.ERROR ? last.code : last.reason,
     cause: last.cause || null,
     state: last.state || null,
-    complete: last.type === 'finished',
+    complete: last.type === EVENT.FINISHED,
     text: last.text ?? '',
     tokens: last.tokens ?? 0,
     message: last.message || null,
@@ -196,8 +197,11 @@ function endOf(events) {
   };
 }
 
-const PHASE_BY_EVENT = { accepted: 'queued', queued: 'queued', prefill_start: 'prefill', prefill_chunk: 'prefill',
-  prefill_end: 'first-token', token: 'decode', finished: 'end', cancelled: 'end', error: 'end' };
+const PHASE_BY_EVENT = {
+  [EVENT.ACCEPTED]: 'queued', [EVENT.QUEUED]: 'queued', [EVENT.PREFILL_START]: 'prefill', [EVENT.PREFILL_CHUNK]: 'prefill',
+  [EVENT.PREFILL_END]: 'first-token', [EVENT.TOKEN]: 'decode',
+  [EVENT.FINISHED]: 'end', [EVENT.CANCELLED]: 'end', [EVENT.ERROR]: 'end',
+};
 
 // The timeline strip on one axis of real milliseconds: queue, prefill, then one segment per decode step.
 function timelineOf(q, p, tokens) {
@@ -221,14 +225,14 @@ export function deriveRun(trace) {
   const messages = ((trace.request && trace.request.messages) || []).map((m, i) => ({
     index: i, role: m.role, content: m.content, tokens: promptTokens.filter((t) => t.message === i).length,
   }));
-  const tokens = events.filter((e) => e.type === 'token').map((e) => ({
+  const tokens = events.filter((e) => e.type === EVENT.TOKEN).map((e) => ({
     index: e.index, id: e.id, text: e.text, pending: e.pending, stepMs: e.step_ms, tMs: e.t_ms,
     cacheTokens: e.cache_tokens, cacheBytes: e.cache_bytes_measured, cacheBytesFormula: e.cache_bytes_formula, prob: e.prob,
   }));
-  const accepted = events.find((e) => e.type === 'accepted') || null;
+  const accepted = events.find((e) => e.type === EVENT.ACCEPTED) || null;
   const queue = queueOf(events);
   const prefill = prefillOf(events);
-  const endEv = events.find((e) => e.type === 'prefill_end');
+  const endEv = events.find((e) => e.type === EVENT.PREFILL_END);
   const lastTok = tokens[tokens.length - 1];
   const last = events[events.length - 1];
   return {

@@ -1,6 +1,7 @@
 // One WebSocket request against /ws: send `generate`, hand every event to onEvent, settle on the
 // terminal event. ws/wss follows the page's own protocol. Nothing here retries on its own.
-const TERMINAL = new Set(['finished', 'cancelled', 'error']);
+import { CONNECTION_LOST, EVENT, isTerminal } from './shared/protocol.js';
+
 let counter = 0;
 
 export function wsUrl(path = '/ws') {
@@ -15,7 +16,7 @@ export function newRequestId(prefix = 'r') {
 
 // Opens a socket, runs one request, closes. Returns {requestId, cancel(), done}. `done` resolves
 // with the terminal event; a dropped connection resolves with a synthetic
-// {type: 'error', code: 'connection_lost'} so the caller can say what happened.
+// {type: 'error', code: CONNECTION_LOST} (and no `schema`) so the caller can say what happened.
 export function runRequest(payload, { onEvent = () => {}, onOpen = () => {} } = {}) {
   const requestId = payload.request_id || newRequestId();
   const socket = new WebSocket(wsUrl());
@@ -39,10 +40,10 @@ export function runRequest(payload, { onEvent = () => {}, onOpen = () => {} } = 
     try { event = JSON.parse(msg.data); } catch { return; }
     if (event.request_id !== requestId && event.request_id != null) return;
     onEvent(event);
-    if (TERMINAL.has(event.type)) settle(event);
+    if (isTerminal(event.type)) settle(event);
   });
   socket.addEventListener('close', (ev) => {
-    settle({ type: 'error', code: 'connection_lost', request_id: requestId,
+    settle({ type: EVENT.ERROR, code: CONNECTION_LOST, request_id: requestId,
              message: `The connection closed before the answer ended (code ${ev.code}).` });
   });
 

@@ -2,8 +2,9 @@
 // (contiguous reservation = the whole bar, paged = whole blocks, used = the filled part), and a table
 // of reserved vs used bytes for both strategies.
 import { allocation } from './kv-math.js';
-import { bytesNode, html, labelCells, svgEl } from './dom.js';
-import { formatInt, plural } from './format.js';
+import { html, labelCells, svgEl } from '../shared/dom.js';
+import { MISSING, formatInt, plural } from '../shared/format.js';
+import { bytesNode } from './bytes.js';
 
 const WIDTH = 704;
 const BAR = 20;
@@ -27,7 +28,7 @@ export function renderAllocation(svg, table, { mix, block, ctx, bytesPerToken })
     const bytesCell = html('td');
     bytesCell.append(bytesNode(bytes));
     const wasteCell = html('td');
-    if (waste === null) wasteCell.textContent = '—';
+    if (waste === null) wasteCell.textContent = MISSING;
     else wasteCell.append(bytesNode(waste), ` (${percent(waste, bytes)} of the reservation)`);
     tr.append(bytesCell, wasteCell);
     return labelCells(table, tr);

@@ -1,8 +1,9 @@
 // Weights beside the cache, and the reverse solve: how many sequences of the chosen length fit in
 // the memory size, and how many positions each of the chosen number of sequences can have.
 import { GIB, maxSequences, maxTokens, weightsBytes } from './kv-math.js';
-import { bytesNode, html, svgEl } from './dom.js';
-import { binary, formatInt, plural } from './format.js';
+import { html, svgEl } from '../shared/dom.js';
+import { binary, formatInt, plural } from '../shared/format.js';
+import { bytesNode } from './bytes.js';
 import { memoryBar } from './layout.js';
 
 export function renderFit(out, { params, weightBytesPerElement, memGiB, bytesPerToken, ctx, seq, contextWindow }) {

@@ -2,11 +2,13 @@
 // static/data/kv_golden.json, binds the template's controls to one state object, redraws every
 // read-out from it, and mirrors it into the query string; destroy() undoes all of that.
 import { currentModel } from '../model-status.js';
+import { html } from '../shared/dom.js';
+import { defineFigure } from '../shared/figure.js';
+import { billions, formatBytes, formatInt, plural } from '../shared/format.js';
 import { renderAllocation } from './allocation.js';
-import { bytesNode, html } from './dom.js';
+import { bytesNode } from './bytes.js';
 import { renderFit } from './fit.js';
 import { attentionKind, kvBytesPerToken } from './kv-math.js';
-import { billions, formatBytes, formatInt, plural } from './format.js';
 import { createLiveCheck } from './live-check.js';
 import { createSlider } from './slider.js';
 import { BLOCK_SIZES, LIMITS, fromPreset, parse, parseMix, readInt, readNum, write } from './state.js';
@@ -15,33 +17,21 @@ import { renderTiles } from './tiles.js';
 const DATA_URL = new URL('../../data/kv_golden.json', import.meta.url);
 const ARCH_FIELDS = ['layers', 'heads', 'kvHeads', 'headDim', 'dtype'];
 
-let teardown = null;
-
-export function mount(root) {
-  const abort = new AbortController();
-  let parts = null;
-  teardown = () => {
-    abort.abort();
-    if (parts) parts.forEach((p) => p.destroy());
-  };
-  fetch(DATA_URL, { signal: abort.signal })
+export const { mount, destroy } = defineFigure((root, figure) => {
+  fetch(DATA_URL, { signal: figure.signal })
     .then((res) => {
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       return res.json();
     })
-    .then((golden) => { parts = start(root, golden, abort.signal); })
+    .then((golden) => { if (figure.alive) start(root, golden, figure); })
     .catch((err) => {
-      if (abort.signal.aborted) return;
+      if (!figure.alive) return; // destroyed: the fetch was aborted on purpose
       root.querySelector('[data-out="loading"]').textContent = `The calculator could not load its data (${err.message}).`;
     });
-}
+});
 
-export function destroy() {
-  if (teardown) teardown();
-  teardown = null;
-}
-
-function start(root, golden, signal) {
+// Everything here listens through `figure`, so destroy() removes it all.
+function start(root, golden, figure) {
   const field = (name) => root.querySelector(`[data-field="${name}"]`);
   const out = (name) => root.querySelector(`[data-out="${name}"]`);
   const elementTypes = golden.element_types;
@@ -70,22 +60,22 @@ function start(root, golden, signal) {
   const sliders = {
     ctx: createSlider(root.querySelector('[data-slider="ctx"]'), {
       min: LIMITS.ctx[0], max: LIMITS.ctx[1], valueText: (v) => plural(v, 'token'), onChange: (v) => update({ ctx: v }),
-    }),
+    }, figure),
     seq: createSlider(root.querySelector('[data-slider="seq"]'), {
       min: LIMITS.seq[0], max: LIMITS.seq[1], valueText: (v) => plural(v, 'sequence'), onChange: (v) => update({ seq: v }),
-    }),
+    }, figure),
   };
 
   const mixHelp = `Give 1 to ${LIMITS.mixCount[1]} whole numbers from 1 to ${formatInt(LIMITS.mixLen[1])}, separated by commas.`;
-  bindInputs(field, update, () => state, signal, (name, ok) => {
+  bindInputs(field, update, () => state, figure, (name, ok) => {
     if (name === 'mix') out('mix-error').textContent = ok ? '' : mixHelp;
   });
-  field('preset').addEventListener('change', (ev) => {
+  figure.listen(field('preset'), 'change', (ev) => {
     const preset = presetById(ev.target.value);
     update(preset ? fromPreset(state, preset) : { preset: 'custom' });
-  }, { signal });
+  });
 
-  const live = createLiveCheck(out('live-part'));
+  const live = createLiveCheck(out('live-part'), figure);
   function onModel(info) {
     live.setModel(info);
     if (!info || info.status !== 'ready') return;
@@ -95,7 +85,7 @@ function start(root, golden, signal) {
     option.textContent = livePreset.label;
     render();
   }
-  document.addEventListener('kvscope:model', (ev) => onModel(ev.detail), { signal });
+  figure.listen(document, 'kvscope:model', (ev) => onModel(ev.detail));
   onModel(currentModel());
 
   function render() {
@@ -123,7 +113,6 @@ function start(root, golden, signal) {
   out('loading').hidden = true;
   for (const name of ['body', 'alloc-part', 'fit-part', 'live-part']) out(name).hidden = false;
   root.dataset.ready = 'true';
-  return [sliders.ctx, sliders.seq, live];
 }
 
 function fillSelects(root, field, elementTypes, presets) {
@@ -138,7 +127,7 @@ function fillSelects(root, field, elementTypes, presets) {
 
 // Text and number fields update the state on every valid keystroke; an invalid entry is marked (and
 // reported through onValidity) and, when the field is left, replaced by the last valid value.
-function bindInputs(field, update, getState, signal, onValidity) {
+function bindInputs(field, update, getState, figure, onValidity) {
   const parsers = {
     heads: (t) => (t === '' ? null : readInt(t, LIMITS.heads)),
     params: (t) => {
@@ -153,21 +142,21 @@ function bindInputs(field, update, getState, signal, onValidity) {
 
   for (const [name, parseText] of Object.entries(parsers)) {
     const input = field(name);
-    input.addEventListener('input', () => {
+    figure.listen(input, 'input', () => {
       const v = parseText(input.value.trim());
       const ok = v !== undefined;
       input.setAttribute('aria-invalid', String(!ok));
       onValidity(name, ok);
       if (ok) update({ [name]: v });
-    }, { signal });
-    input.addEventListener('change', () => {
+    });
+    figure.listen(input, 'change', () => {
       input.setAttribute('aria-invalid', 'false');
       onValidity(name, true);
       showField(input, name, getState());
-    }, { signal });
+    });
   }
-  for (const name of ['dtype', 'wdtype']) field(name).addEventListener('change', (ev) => update({ [name]: ev.target.value }), { signal });
-  field('block').addEventListener('change', (ev) => update({ block: Number(ev.target.value) }), { signal });
+  for (const name of ['dtype', 'wdtype']) figure.listen(field(name), 'change', (ev) => update({ [name]: ev.target.value }));
+  figure.listen(field('block'), 'change', (ev) => update({ block: Number(ev.target.value) }));
 }
 
 function fieldText(name, state) {

@@ -2,15 +2,18 @@
 // sets the cache bytes the engine measured (key/value tensor sizes) beside the server's formula and
 // this page's own formula for the same number of positions, after the prefill and after each token.
 import { runRequest } from '../ws-client.js';
+import { finder, html, labelCells } from '../shared/dom.js';
+import { formatInt, plural } from '../shared/format.js';
+import { EVENT } from '../shared/protocol.js';
+import { bytesNode } from './bytes.js';
 import { kvCacheBytes } from './kv-math.js';
-import { bytesNode, html, labelCells } from './dom.js';
-import { formatInt, plural } from './format.js';
 
 const MAX_NEW_TOKENS = 256;
 const PROMPT = 'In three sentences, explain why a language model keeps a cache while it writes.';
 
-export function createLiveCheck(part) {
-  const q = (sel) => part.querySelector(sel);
+// A run in flight is cancelled, and the buttons unwired, when the calculator's `figure` is destroyed.
+export function createLiveCheck(part, figure) {
+  const q = finder(part);
   const input = q('[data-field="liveTokens"]');
   const runBtn = q('[data-action="live-run"]');
   const stopBtn = q('[data-action="live-cancel"]');
@@ -51,11 +54,11 @@ export function createLiveCheck(part) {
     status.textContent = `Sending a request for up to ${plural(n, 'new token')}…`;
 
     function onEvent(ev) {
-      if (ev.type === 'queued') status.textContent = `Queued: position ${ev.position}.`;
-      if (ev.type === 'prefill_start') status.textContent = `Prefill: reading ${plural(ev.prompt_tokens, 'prompt token')}…`;
+      if (ev.type === EVENT.QUEUED) status.textContent = `Queued: position ${ev.position}.`;
+      if (ev.type === EVENT.PREFILL_START) status.textContent = `Prefill: reading ${plural(ev.prompt_tokens, 'prompt token')}…`;
       if (ev.cache_bytes_measured == null) return;
       const reading = {
-        moment: ev.type === 'prefill_end' ? 'after the prefill' : `at token ${ev.index + 1}`,
+        moment: ev.type === EVENT.PREFILL_END ? 'after the prefill' : `at token ${ev.index + 1}`,
         tokens: ev.cache_tokens, measured: ev.cache_bytes_measured, server: ev.cache_bytes_formula,
         page: kvCacheBytes(arch, ev.cache_tokens),
       };
@@ -71,6 +74,7 @@ export function createLiveCheck(part) {
     stopBtn.hidden = false;
     running.done.then((end) => {
       running = null;
+      if (!figure.alive) return;
       stopBtn.hidden = true;
       runBtn.disabled = !facts;
       status.textContent = endText(end);
@@ -103,17 +107,11 @@ export function createLiveCheck(part) {
     if (running) running.cancel();
   }
 
-  runBtn.addEventListener('click', run);
-  stopBtn.addEventListener('click', stop);
+  figure.listen(runBtn, 'click', run);
+  figure.listen(stopBtn, 'click', stop);
+  figure.onDestroy(stop);
 
-  return {
-    setModel,
-    destroy() {
-      stop();
-      runBtn.removeEventListener('click', run);
-      stopBtn.removeEventListener('click', stop);
-    },
-  };
+  return { setModel };
 }
 
 function agrees(r) {
@@ -121,11 +119,11 @@ function agrees(r) {
 }
 
 function endText(end) {
-  if (end.type === 'finished') {
+  if (end.type === EVENT.FINISHED) {
     const why = { eos: 'the model ended its answer', max_tokens: 'it reached the token limit' }[end.reason] || end.reason;
     return `Finished after ${plural(end.tokens, 'token')}: ${why}.`;
   }
-  if (end.type === 'cancelled') return `Stopped after ${plural(end.tokens, 'token')}.`;
+  if (end.type === EVENT.CANCELLED) return `Stopped after ${plural(end.tokens, 'token')}.`;
   return `The run failed: ${end.message || end.code}.`;
 }
 

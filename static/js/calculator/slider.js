@@ -1,9 +1,10 @@
 // A log-scale slider on the W3C APG slider pattern: role=slider with aria-valuemin/max/now/valuetext,
 // arrows step one stop, PageUp/PageDown double or halve, Home/End jump to the ends, and a pointer
-// (mouse, pen or touch) drags along the track. The element and its thumb come from the template.
+// (mouse, pen or touch) drags along the track. The element and its thumb come from the template;
+// its listeners go through the calculator's `figure` (shared/figure.js), so they end with it.
 import { doubleStop, fraction, ladder, stepStop, stopAt } from './ladder.js';
 
-export function createSlider(el, { min, max, valueText, onChange }) {
+export function createSlider(el, { min, max, valueText, onChange }, figure) {
   const stops = ladder(min, max);
   let value = min;
   el.setAttribute('aria-valuemin', String(min));
@@ -55,17 +56,12 @@ export function createSlider(el, { min, max, valueText, onChange }) {
     if (el.hasPointerCapture(ev.pointerId)) fromPointer(ev);
   }
 
-  el.addEventListener('keydown', onKey);
-  el.addEventListener('pointerdown', onDown);
-  el.addEventListener('pointermove', onMove);
+  figure.listen(el, 'keydown', onKey);
+  figure.listen(el, 'pointerdown', onDown);
+  figure.listen(el, 'pointermove', onMove);
 
   return {
     // Shows a value set elsewhere (a number field, a preset, the URL) without calling onChange.
     set(v) { value = v; render(); },
-    destroy() {
-      el.removeEventListener('keydown', onKey);
-      el.removeEventListener('pointerdown', onDown);
-      el.removeEventListener('pointermove', onMove);
-    },
   };
 }

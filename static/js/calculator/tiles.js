@@ -1,7 +1,7 @@
 // The cache-tiles figure: one row per sequence, one square per block of cached tokens, redrawn
 // whenever the inputs change. Squares are SVG rects with classes (no inline styles).
-import { svgEl } from './dom.js';
-import { binary, formatInt, plural } from './format.js';
+import { svgEl } from '../shared/dom.js';
+import { binary, formatInt, plural } from '../shared/format.js';
 import { MAX_COLS, tileLayout } from './layout.js';
 
 const TILE = 20;

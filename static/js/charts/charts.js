@@ -1,21 +1,14 @@
 // Small plain-SVG charts (line/scatter, histogram, horizontal lanes) with axes, labels and a legend.
 // Each call replaces the container's content and returns the <svg>. Every plotted point carries
 // data-x / data-y so a reader's tools (and tests) can read back exactly what was drawn.
+import { svgEl } from '../shared/dom.js';
 import { extent, linearScale, niceDomain, ticks, formatTick, histogramBins } from './scale.js';
 
-const NS = 'http://www.w3.org/2000/svg';
 const MAX_W = 640;
 const MIN_W = 260;
 const H = 250;
 const M = { top: 30, right: 14, bottom: 44, left: 60 };
 let idCounter = 0;
-
-export function svgEl(name, attrs = {}, text) {
-  const node = document.createElementNS(NS, name);
-  for (const [k, v] of Object.entries(attrs)) if (v != null) node.setAttribute(k, String(v));
-  if (text != null) node.textContent = text;
-  return node;
-}
 
 // The drawing width follows the container, so text keeps its size on a phone instead of being
 // scaled down with the whole picture; a container not laid out yet gets the widest drawing.
@@ -49,7 +42,7 @@ function frame(container, { title, desc, height = H, className = '' }) {
     viewBox: `0 0 ${W} ${height}`, class: `chart ${className}`.trim(), role: 'img',
     'aria-labelledby': `${id}-t ${id}-d`, preserveAspectRatio: 'xMidYMid meet',
   });
-  svg.append(svgEl('title', { id: `${id}-t` }, title || 'chart'), svgEl('desc', { id: `${id}-d` }, desc || ''));
+  svg.append(svgEl('title', { id: `${id}-t` }, { text: title || 'chart' }), svgEl('desc', { id: `${id}-d` }, { text: desc || '' }));
   container.replaceChildren(svg);
   return { svg, W };
 }
@@ -61,21 +54,21 @@ function axes(svg, x, y, { xLabel, yLabel, height = H, xTickFormat = formatTick 
   for (const t of ticks(y.domain, 5)) {
     const py = y(t);
     g.append(svgEl('line', { class: 'chart-grid', x1: x0, x2: x1, y1: py, y2: py }));
-    g.append(svgEl('text', { class: 'chart-tick', x: x0 - 6, y: py + 4, 'text-anchor': 'end' }, formatTick(t)));
+    g.append(svgEl('text', { class: 'chart-tick', x: x0 - 6, y: py + 4, 'text-anchor': 'end' }, { text: formatTick(t) }));
   }
   for (const t of ticks(x.domain, 6)) {
     const px = x(t);
     g.append(svgEl('line', { class: 'chart-tickmark', x1: px, x2: px, y1: y0, y2: y0 + 4 }));
-    g.append(svgEl('text', { class: 'chart-tick', x: px, y: y0 + 16, 'text-anchor': 'middle' }, xTickFormat(t)));
+    g.append(svgEl('text', { class: 'chart-tick', x: px, y: y0 + 16, 'text-anchor': 'middle' }, { text: xTickFormat(t) }));
   }
   g.append(svgEl('line', { class: 'chart-axis', x1: x0, x2: x1, y1: y0, y2: y0 }));
   g.append(svgEl('line', { class: 'chart-axis', x1: x0, x2: x0, y1: y0, y2: y1 }));
-  if (xLabel) g.append(svgEl('text', { class: 'chart-label', x: (x0 + x1) / 2, y: height - 6, 'text-anchor': 'middle' }, xLabel));
+  if (xLabel) g.append(svgEl('text', { class: 'chart-label', x: (x0 + x1) / 2, y: height - 6, 'text-anchor': 'middle' }, { text: xLabel }));
   if (yLabel) {
     g.append(svgEl('text', {
       class: 'chart-label', x: 0, y: 0, 'text-anchor': 'middle',
       transform: `translate(14 ${(y0 + y1) / 2}) rotate(-90)`,
-    }, yLabel));
+    }, { text: yLabel }));
   }
   svg.append(g);
 }
@@ -85,14 +78,14 @@ function legend(svg, names) {
   let px = M.left;
   names.forEach((name, i) => {
     g.append(svgEl('rect', { class: `chart-swatch chart-s${i % 6}`, x: px, y: 8, width: 12, height: 12, rx: 2 }));
-    g.append(svgEl('text', { class: 'chart-legend-text', x: px + 16, y: 18 }, name));
+    g.append(svgEl('text', { class: 'chart-legend-text', x: px + 16, y: 18 }, { text: name }));
     px += 28 + name.length * 7;
   });
   svg.append(g);
 }
 
 function emptyNote(svg, W, text, height = H) {
-  svg.append(svgEl('text', { class: 'chart-empty', x: W / 2, y: height / 2, 'text-anchor': 'middle' }, text));
+  svg.append(svgEl('text', { class: 'chart-empty', x: W / 2, y: height / 2, 'text-anchor': 'middle' }, { text }));
 }
 
 // series: [{name, points: [{x, y}], style: 'line' | 'points' | 'both', hollow}]; hollow points let
@@ -167,15 +160,15 @@ export function laneChart(container, options) {
   const g = svgEl('g', { class: 'chart-axes' });
   for (const t of ticks(xs, 6)) {
     g.append(svgEl('line', { class: 'chart-grid', x1: x(t), x2: x(t), y1: M.top, y2: height - M.bottom }));
-    g.append(svgEl('text', { class: 'chart-tick', x: x(t), y: height - M.bottom + 16, 'text-anchor': 'middle' }, formatTick(t)));
+    g.append(svgEl('text', { class: 'chart-tick', x: x(t), y: height - M.bottom + 16, 'text-anchor': 'middle' }, { text: formatTick(t) }));
   }
-  if (xLabel) g.append(svgEl('text', { class: 'chart-label', x: W / 2, y: height - 6, 'text-anchor': 'middle' }, xLabel));
+  if (xLabel) g.append(svgEl('text', { class: 'chart-label', x: W / 2, y: height - 6, 'text-anchor': 'middle' }, { text: xLabel }));
   svg.append(g);
   if (kinds.length) legendKinds(svg, kinds);
   lanes.forEach((lane, i) => {
     const lg = svgEl('g', { class: 'chart-lane', 'data-lane': lane.name });
     const top = y(i) + 6;
-    lg.append(svgEl('text', { class: 'chart-tick chart-lane-name', x: left - 8, y: top + 15, 'text-anchor': 'end' }, lane.name));
+    lg.append(svgEl('text', { class: 'chart-tick chart-lane-name', x: left - 8, y: top + 15, 'text-anchor': 'end' }, { text: lane.name }));
     for (const s of lane.segments) {
       lg.append(svgEl('rect', {
         class: `chart-seg chart-seg-${s.kind}`, x: x(s.from), y: top, width: Math.max(1, x(s.to) - x(s.from)), height: laneH - 12,
@@ -195,7 +188,7 @@ function legendKinds(svg, kinds) {
   let px = M.left;
   for (const { kind, label } of kinds) {
     g.append(svgEl('rect', { class: `chart-seg chart-seg-${kind}`, x: px, y: 8, width: 12, height: 12, rx: 2 }));
-    g.append(svgEl('text', { class: 'chart-legend-text', x: px + 16, y: 18 }, label));
+    g.append(svgEl('text', { class: 'chart-legend-text', x: px + 16, y: 18 }, { text: label }));
     px += 28 + label.length * 7;
   }
   svg.append(g);

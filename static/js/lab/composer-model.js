@@ -1,5 +1,6 @@
 // Pure composer logic (no DOM): the chat messages and the `generate` payload built from what the
 // reader typed, stop-string parsing, and the context-budget arithmetic the budget bar draws.
+import { formatInt as fmt } from '../shared/format.js';
 
 // System prompt first, then the earlier turns, then the retrieved passage (just before the
 // question it supports), then the user message. Blank entries are left out; the user message is
@@ -60,8 +61,6 @@ export function budgetParts({ prompt_tokens: prompt, max_new_tokens: output, con
     windowFrac: window / scale,
   };
 }
-
-const fmt = (n) => Number(n).toLocaleString('en-US');
 
 // The decision in words, from the server's budget object.
 export function describeBudget(budget) {

@@ -1,9 +1,11 @@
 // The composer's DOM: system prompt, earlier turns (added and removed here), optional retrieved
 // passage and the user message. `read()` gives the plain state composer-model.js turns into
-// messages; `onChange` fires on every edit so the prompt view can re-count.
+// messages; `onChange` fires on every edit so the prompt view can re-count. Listeners go through the
+// lab's `figure` (shared/figure.js), so they end with it.
+import { finder, html } from '../shared/dom.js';
 
-export function mountComposer(root, onChange) {
-  const $ = (sel) => root.querySelector(sel);
+export function mountComposer(root, onChange, figure) {
+  const $ = finder(root);
   const list = $('#lab-turns');
   const retrievedOn = $('#lab-retrieved-on');
   const retrievedField = $('#lab-retrieved-field');
@@ -20,20 +22,18 @@ export function mountComposer(root, onChange) {
   function addTurn(role, content = '') {
     turnCounter += 1;
     const id = `lab-turn-${turnCounter}`;
-    const li = document.createElement('li');
-    li.className = `lab-turn lab-turn-${role}`;
+    const li = html('li', { cls: `lab-turn lab-turn-${role}` });
     li.dataset.role = role;
-    const label = document.createElement('label');
-    label.className = 'lab-turn-label';
+    const label = html('label', { cls: 'lab-turn-label' });
     label.htmlFor = id;
-    const text = document.createElement('textarea');
+    const text = html('textarea');
     text.id = id;
     text.rows = 2;
     text.value = content;
-    const remove = document.createElement('button');
+    const remove = html('button', { cls: 'lab-turn-remove', text: 'Remove' });
     remove.type = 'button';
-    remove.className = 'lab-turn-remove';
-    remove.textContent = 'Remove';
+    // A plain listener: it goes with its button when the turn is removed (through the figure, the
+    // signal would keep every removed turn alive until destroy()).
     remove.addEventListener('click', () => {
       const next = li.nextElementSibling || li.previousElementSibling;
       li.remove();
@@ -60,9 +60,9 @@ export function mountComposer(root, onChange) {
     onChange();
   }
 
-  root.addEventListener('click', onAddClick);
-  root.addEventListener('input', onChange);
-  retrievedOn.addEventListener('change', onRetrievedToggle);
+  figure.listen(root, 'click', onAddClick);
+  figure.listen(root, 'input', onChange);
+  figure.listen(retrievedOn, 'change', onRetrievedToggle);
 
   return {
     addTurn,
@@ -73,11 +73,6 @@ export function mountComposer(root, onChange) {
         retrieved: retrievedOn.checked ? $('#lab-retrieved').value : null,
         user: $('#lab-user').value,
       };
-    },
-    destroy() {
-      root.removeEventListener('click', onAddClick);
-      root.removeEventListener('input', onChange);
-      retrievedOn.removeEventListener('change', onRetrievedToggle);
     },
   };
 }

@@ -1,8 +1,9 @@
 // The run controls' DOM: reads max new tokens, sampling, stop strings, delivery, KV cache and
 // prefill chunk as plain values, and enables the sampling fields only when sampling is chosen.
+import { finder } from '../shared/dom.js';
 
-export function mountControls(root, onChange) {
-  const $ = (sel) => root.querySelector(sel);
+export function mountControls(root, onChange, figure) {
+  const $ = finder(root);
   const checked = (name) => root.querySelector(`input[name="${name}"]:checked`).value;
 
   function syncSampling() {
@@ -16,7 +17,7 @@ export function mountControls(root, onChange) {
   }
 
   // `input` fires for text, number, select, radio and checkbox edits alike.
-  root.addEventListener('input', onEdit);
+  figure.listen(root, 'input', onEdit);
   syncSampling();
 
   return {
@@ -34,9 +35,6 @@ export function mountControls(root, onChange) {
         kvCache: $('#lab-kv-cache').checked,
         prefillChunk: $('#lab-prefill-chunk').value,
       };
-    },
-    destroy() {
-      root.removeEventListener('input', onEdit);
     },
   };
 }

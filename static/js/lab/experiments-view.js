@@ -1,16 +1,17 @@
 // The experiments' DOM: one button per experiment card runs its planned requests (one after the
 // other, or back to back for the concurrency one) through the lab's `launch`, then draws the
 // analysis. One experiment runs at a time so their timings do not disturb each other.
+import { lineChart, laneChart } from '../charts/charts.js';
+import { html } from '../shared/dom.js';
+import { MISSING, formatFixed as num, formatMs } from '../shared/format.js';
 import { EXPERIMENTS, completed, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent } from './experiments.js';
 import { describeStatus } from './run-state.js';
 import { fetchModel } from './api.js';
-import { lineChart, laneChart } from '../charts/charts.js';
 
-const ms = (v) => (v == null ? '–' : `${Math.round(v)} ms`);
-const num = (v, digits = 1) => (v == null ? '–' : v.toFixed(digits));
+const ms = (v) => formatMs(v, { digits: 0 });
 const giga = (v) => (v == null ? null : v / 1e9);
 
-export function mountExperiments(root, launch) {
+export function mountExperiments(root, launch, figure) {
   const cards = [...root.querySelectorAll('.lab-exp')];
   let busy = false;
 
@@ -33,9 +34,8 @@ export function mountExperiments(root, launch) {
     };
     if (liveList) {
       liveList.replaceChildren(...plan.map(({ label }) => {
-        const li = document.createElement('li');
+        const li = html('li', { text: `${label}: connecting…` });
         li.dataset.lane = label;
-        li.textContent = `${label}: connecting…`;
         return li;
       }));
     }
@@ -82,12 +82,10 @@ export function mountExperiments(root, launch) {
     }
   }
 
-  const onClick = (ev) => {
+  figure.listen(root, 'click', (ev) => {
     const button = ev.target.closest('.lab-exp-run');
     if (button) onRun(button.closest('.lab-exp'));
-  };
-  root.addEventListener('click', onClick);
-  return { destroy() { root.removeEventListener('click', onClick); } };
+  });
 }
 
 // Launches a run and also resolves `answered` once the server has said anything about it
@@ -113,8 +111,8 @@ const DRAW = {
     });
     const { short, long } = fastest['cache off'];
     const on = fastest['cache on'];
-    summary(card, `Without the cache the fastest step took ${ms(short?.ms)} at position ${short?.at ?? '–'} and `
-      + `${ms(long?.ms)} at position ${long?.at ?? '–'}: about ${num(slopes['cache off'], 2)} ms more per position. `
+    summary(card, `Without the cache the fastest step took ${ms(short?.ms)} at position ${short?.at ?? MISSING} and `
+      + `${ms(long?.ms)} at position ${long?.at ?? MISSING}: about ${num(slopes['cache off'], 2)} ms more per position. `
       + `With the cache: ${ms(on.short?.ms)} and ${ms(on.long?.ms)} (${num(slopes['cache on'], 2)} ms per position). `
       + 'Slopes are medians over all pairs of steps and the fastest steps are the least disturbed by anything else '
       + 'on the machine, so one slow step cannot set the result. Measured.');
@@ -169,35 +167,25 @@ const DRAW = {
 };
 
 function sweepTable(container, rows) {
-  const table = document.createElement('table');
-  table.className = 'lab-table lab-sweep-table';
-  const caption = document.createElement('caption');
-  caption.textContent = 'Per prompt length';
-  const head = document.createElement('tr');
+  const table = html('table', { cls: 'lab-table lab-sweep-table' });
+  const caption = html('caption', { text: 'Per prompt length' });
+  const head = html('tr');
   for (const h of ['prompt tokens', 'TTFT ms', 'prefill ms', 'prefill GFLOP/s (est.)', 'decode step ms', 'decode GB/s (est.)', 'decode GFLOP/s (est.)']) {
-    const th = document.createElement('th');
-    th.scope = 'col';
-    th.textContent = h;
-    head.append(th);
+    html('th', { text: h, parent: head }).scope = 'col';
   }
-  const thead = document.createElement('thead');
+  const thead = html('thead');
   thead.append(head);
-  const body = document.createElement('tbody');
+  const body = html('tbody');
   for (const r of rows) {
-    const tr = document.createElement('tr');
-    for (const v of [r.promptTokens ?? '–', num(r.ttftMs), num(r.prefillMs), num(giga(r.prefillFlopsPerS)),
+    const tr = html('tr', { parent: body });
+    for (const v of [r.promptTokens ?? MISSING, num(r.ttftMs), num(r.prefillMs), num(giga(r.prefillFlopsPerS)),
       num(r.stepMs), num(giga(r.decodeBytesPerS), 2), num(giga(r.decodeFlopsPerS))]) {
-      const td = document.createElement('td');
-      td.textContent = String(v);
-      tr.append(td);
+      html('td', { text: String(v), parent: tr });
     }
-    body.append(tr);
   }
   table.append(caption, thead, body);
-  const tag = document.createElement('p');
-  const est = document.createElement('span');
-  est.className = 'tag tag-computed';
-  est.textContent = 'estimate · derived from measured times';
+  const tag = html('p');
+  const est = html('span', { cls: 'tag tag-computed', text: 'estimate · derived from measured times' });
   tag.append(est, ' Times are measured; GFLOP/s and GB/s are estimated from them and the model size: '
     + 'FLOPs ≈ 2 × parameters per token, bytes read per decode step ≈ weights + KV cache.');
   container.replaceChildren(table, tag);

@@ -2,6 +2,7 @@
 // them in the history), and the analysis that turns its finished runs into chart series and table
 // rows. Sizes are kept small so each experiment takes seconds, not minutes, on a 2-core CPU with
 // the default model.
+import { EVENT } from '../shared/protocol.js';
 import { median, robustSlope, prefillFlopsPerS, decodeBytesPerS, decodeFlopsPerS } from './metrics.js';
 
 const GREEDY = { temperature: 0, top_k: null, top_p: 1.0, seed: null };
@@ -75,7 +76,7 @@ export function completed(run) {
   return run.status === 'finished' && ['eos', 'max_tokens', 'stop_string'].includes(run.terminal.reason);
 }
 
-const tokenEvents = (run) => run.events.filter((e) => e.type === 'token');
+const tokenEvents = (run) => run.events.filter((e) => e.type === EVENT.TOKEN);
 const eventOf = (run, type) => run.events.find((e) => e.type === type);
 // Browser receipt time of a run's first event of `type`, relative to `origin`.
 function receivedAt(run, type, origin) {
@@ -90,7 +91,7 @@ function receivedAt(run, type, origin) {
 export function analyseKv(results) {
   const groups = new Map();
   for (const { series: name, run } of results) {
-    const prompt = eventOf(run, 'accepted')?.prompt_tokens ?? 0;
+    const prompt = eventOf(run, EVENT.ACCEPTED)?.prompt_tokens ?? 0;
     // Token 0 comes from the prefill: it has no step of its own.
     const points = tokenEvents(run).filter((e) => e.index > 0).map((e) => ({ x: prompt + e.index, y: e.step_ms }));
     if (!groups.has(name)) groups.set(name, []);
@@ -138,8 +139,8 @@ export function analyseDelivery(results) {
 // TTFT and prefill time against prompt tokens, with throughput estimates from the model's facts.
 export function analyseSweep(results, facts) {
   const rows = results.map(({ label, run }) => {
-    const promptTokens = eventOf(run, 'accepted')?.prompt_tokens ?? null;
-    const prefill = eventOf(run, 'prefill_end');
+    const promptTokens = eventOf(run, EVENT.ACCEPTED)?.prompt_tokens ?? null;
+    const prefill = eventOf(run, EVENT.PREFILL_END);
     const ttft = tokenEvents(run)[0]?.t_ms ?? null;
     const steps = tokenEvents(run).filter((e) => e.index > 0);
     const stepMs = median(steps.map((e) => e.step_ms));
@@ -167,8 +168,8 @@ export function analyseConcurrent(results) {
   const origin = Math.min(...results.map(({ run }) => run.sentAt));
   const lanes = results.map(({ label, run }) => {
     const sent = run.sentAt - origin;
-    const start = receivedAt(run, 'prefill_start', origin);
-    const end = receivedAt(run, 'prefill_end', origin);
+    const start = receivedAt(run, EVENT.PREFILL_START, origin);
+    const end = receivedAt(run, EVENT.PREFILL_END, origin);
     const stop = run.terminalAt == null ? null : run.terminalAt - origin;
     const segments = [];
     if (start != null) segments.push({ from: sent, to: start, kind: 'queue' });
@@ -180,7 +181,7 @@ export function analyseConcurrent(results) {
     label,
     maxAhead: Math.max(0, ...run.queuedSeen.map((q) => q.ahead)),
     positions: run.queuedSeen.map((q) => q.position),
-    queueMs: eventOf(run, 'prefill_start')?.t_ms ?? null,
+    queueMs: eventOf(run, EVENT.PREFILL_START)?.t_ms ?? null,
     status: run.status,
   }));
   return { lanes, rows };

@@ -1,24 +1,27 @@
 // The history panel's DOM: one table row of metrics per run (kept in memory), the outcome count
 // with TTFT/E2E percentiles across runs, distribution charts, and per-run export / replay, plus
 // import of a trace file as a run of its own.
+import { histogram } from '../charts/charts.js';
+import { html, prefersReducedMotion } from '../shared/dom.js';
+import { MISSING, formatFixed } from '../shared/format.js';
+import { EVENT } from '../shared/protocol.js';
 import { summarize, percentile } from './metrics.js';
 import { isDone } from './run-state.js';
 import { traceOfRun, runFromTrace, parseTrace, serializeTrace } from './trace-io.js';
-import { histogram } from '../charts/charts.js';
 
-const f1 = (v) => (v == null ? '–' : v.toFixed(1));
-const trio = (a, b, c) => (a == null ? '–' : `${f1(a)} / ${f1(b)} / ${f1(c)}`);
+const f1 = (v) => formatFixed(v, 1);
+const trio = (a, b, c) => (a == null ? MISSING : `${f1(a)} / ${f1(b)} / ${f1(c)}`);
 
 function outcome(run) {
   const t = run.terminal;
   if (run.clientError) return 'connection lost';
   if (!t) return `running (${run.status})`;
-  if (t.type === 'finished') return `finished: ${t.reason}`;
-  if (t.type === 'cancelled') return `cancelled after ${t.tokens} tokens`;
+  if (t.type === EVENT.FINISHED) return `finished: ${t.reason}`;
+  if (t.type === EVENT.CANCELLED) return `cancelled after ${t.tokens} tokens`;
   return `error: ${t.code}`;
 }
 
-export function mountHistory(root, { getFacts }) {
+export function mountHistory(root, { getFacts }, figure) {
   const body = root.querySelector('#lab-history-table tbody');
   const outcomesEl = root.querySelector('#lab-outcomes');
   const itlEl = root.querySelector('#lab-itl-hist');
@@ -32,14 +35,13 @@ export function mountHistory(root, { getFacts }) {
 
   function cells(run) {
     const m = summarize(run.events);
-    return [String(run.id), `${run.kind}${run.label ? ` · ${run.label}` : ''}`, outcome(run), m.promptTokens ?? '–', m.tokens,
+    return [String(run.id), `${run.kind}${run.label ? ` · ${run.label}` : ''}`, outcome(run), m.promptTokens ?? MISSING, m.tokens,
       f1(m.queueMs), f1(m.ttftMs), f1(m.tpotMs), trio(m.itlP50, m.itlP90, m.itlP99), f1(m.e2eMs), f1(m.decodeTokensPerS)];
   }
 
   function actionButton(text, action, longName) {
-    const b = document.createElement('button');
+    const b = html('button', { text });
     b.type = 'button';
-    b.textContent = text;
     b.dataset.action = action;
     b.setAttribute('aria-label', longName);
     b.title = longName;
@@ -49,17 +51,12 @@ export function mountHistory(root, { getFacts }) {
   function rowFor(run) {
     let tr = body.querySelector(`tr[data-run="${run.id}"]`);
     if (!tr) {
-      tr = document.createElement('tr');
+      tr = html('tr');
       tr.dataset.run = String(run.id);
       body.prepend(tr);
     }
-    const tds = cells(run).map((text) => {
-      const td = document.createElement('td');
-      td.textContent = String(text);
-      return td;
-    });
-    const actions = document.createElement('td');
-    actions.className = 'lab-actions';
+    const tds = cells(run).map((text) => html('td', { text: String(text) }));
+    const actions = html('td', { cls: 'lab-actions' });
     if (isDone(run)) {
       actions.append(actionButton('Gaps', 'select', `Chart the inter-token gaps of run ${run.id}`),
         actionButton('Export', 'export', `Export run ${run.id} as a JSON trace`),
@@ -100,21 +97,21 @@ export function mountHistory(root, { getFacts }) {
   async function download(run) {
     const trace = traceOfRun(run, await getFacts());
     const url = URL.createObjectURL(new Blob([serializeTrace(trace)], { type: 'application/json' }));
-    const a = document.createElement('a');
+    const a = html('a');
     a.href = url;
     a.download = `kvscope-trace-${run.requestId || run.id}.json`;
     document.body.append(a);
     a.click();
     a.remove();
-    // The download has started by the next task; the URL is no longer needed after that.
+    // The download has started by the next task; the URL is no longer needed after that. (A plain
+    // timer, not the figure's: the URL must be revoked even if the lab is destroyed meanwhile.)
     setTimeout(() => URL.revokeObjectURL(url), 0);
   }
 
   async function replay(run) {
     const trace = traceOfRun(run, await getFacts());
     document.dispatchEvent(new CustomEvent('kvscope:replay-trace', { detail: trace }));
-    const reduce = window.matchMedia('(prefers-reduced-motion: reduce)').matches;
-    document.getElementById('walkthrough')?.scrollIntoView({ behavior: reduce ? 'auto' : 'smooth', block: 'start' });
+    document.getElementById('walkthrough')?.scrollIntoView({ behavior: prefersReducedMotion() ? 'auto' : 'smooth', block: 'start' });
   }
 
   function onClick(ev) {
@@ -151,17 +148,13 @@ export function mountHistory(root, { getFacts }) {
     select(run);
   }
 
-  body.addEventListener('click', onClick);
-  importInput.addEventListener('change', onImport);
+  figure.listen(body, 'click', onClick);
+  figure.listen(importInput, 'change', onImport);
 
   return {
     newId() { nextId += 1; return nextId - 1; },
     add(run) { runs.push(run); rowFor(run); },
     refresh,
     runs,
-    destroy() {
-      body.removeEventListener('click', onClick);
-      importInput.removeEventListener('change', onImport);
-    },
   };
 }

@@ -1,11 +1,14 @@
 // The live lab figure: wires the composer, controls, prompt view, answer view, experiments and
 // history together, and owns `launch`, the one place a run is sent (through ws-client's
-// runRequest) and folded into its run record. Exposes mount(el) / destroy().
+// runRequest) and folded into its run record. Exposes mount(el) / destroy() (shared/figure.js): every
+// part wires its listeners and timers through the same `figure`, and runs in flight are cancelled.
 import { runRequest } from '../ws-client.js';
 import { currentModel } from '../model-status.js';
+import { defineFigure } from '../shared/figure.js';
+import { isConnectionLost } from '../shared/protocol.js';
 import { describePrompt, fetchModel } from './api.js';
 import { buildPayload } from './composer-model.js';
-import { createRun, applyEvent, isClientSide } from './run-state.js';
+import { createRun, applyEvent } from './run-state.js';
 import { mountComposer } from './composer.js';
 import { mountControls } from './controls.js';
 import { mountPromptView } from './prompt-view.js';
@@ -13,11 +16,7 @@ import { createRunView } from './run-view.js';
 import { mountExperiments } from './experiments-view.js';
 import { mountHistory } from './history.js';
 
-let teardown = null;
-
-export function mount(el) {
-  destroy();
-  const parts = [];
+export const { mount, destroy } = defineFigure((el, figure) => {
   const handles = new Set(); // runs in flight, cancelled on destroy
   let facts = currentModel()?.facts || null;
   let mainHandle = null;
@@ -30,12 +29,12 @@ export function mount(el) {
     if (!facts) facts = (await fetchModel()).data?.facts || null;
     return facts;
   }
-  const history = mountHistory(el, { getFacts });
-  const promptView = mountPromptView(el);
-  const runView = createRunView(el);
+  const history = mountHistory(el, { getFacts }, figure);
+  const promptView = mountPromptView(el, figure);
+  const runView = createRunView(el, figure);
   const onEdit = () => promptView.schedule(currentPayload());
-  const composer = mountComposer(el.querySelector('#lab-composer'), onEdit);
-  const controls = mountControls(controlsForm, onEdit);
+  const composer = mountComposer(el.querySelector('#lab-composer'), onEdit, figure);
+  const controls = mountControls(controlsForm, onEdit, figure);
   const currentPayload = () => buildPayload(composer.read(), controls.read());
 
   // The prompt description a trace export needs: the prompt view's if it counted this very payload,
@@ -67,7 +66,7 @@ export function mount(el) {
     handles.add(handle);
     const done = handle.done.then(async (terminal) => {
       // A dropped socket never reaches onEvent: ws-client settles with a synthetic event instead.
-      if (isClientSide(terminal)) applyEvent(run, terminal, performance.now());
+      if (isConnectionLost(terminal)) applyEvent(run, terminal, performance.now());
       handles.delete(handle);
       run.prompt = await describeForExport(payload);
       onUpdate(run);
@@ -87,6 +86,7 @@ export function mount(el) {
     stopButton.disabled = false;
     done.then(() => {
       mainHandle = null;
+      if (!figure.alive) return;
       runView.flush();
       runButton.disabled = false;
       stopButton.disabled = true;
@@ -106,22 +106,10 @@ export function mount(el) {
     if (ev.detail?.status === 'ready') onEdit();
   }
 
-  controlsForm.addEventListener('submit', onRun);
-  stopButton.addEventListener('click', onStop);
-  document.addEventListener('kvscope:model', onModel);
-  parts.push(composer, controls, promptView, runView, history, mountExperiments(el, launch));
+  figure.listen(controlsForm, 'submit', onRun);
+  figure.listen(stopButton, 'click', onStop);
+  figure.listen(document, 'kvscope:model', onModel);
+  figure.onDestroy(() => { for (const h of handles) h.cancel(); });
+  mountExperiments(el, launch, figure);
   onEdit();
-
-  teardown = () => {
-    controlsForm.removeEventListener('submit', onRun);
-    stopButton.removeEventListener('click', onStop);
-    document.removeEventListener('kvscope:model', onModel);
-    for (const h of handles) h.cancel();
-    for (const p of parts) p.destroy();
-  };
-}
-
-export function destroy() {
-  if (teardown) teardown();
-  teardown = null;
-}
+});

@@ -1,18 +1,10 @@
 // Pure latency and throughput arithmetic over a request's server events (no DOM). Definitions
 // follow vLLM's, as docs/protocol.md states: TTFT = submit → first token; TPOT = (E2E − TTFT) /
 // (tokens − 1); ITL = every gap between consecutive tokens. All times are the server's `t_ms`.
+import { EVENT, isTerminal } from '../shared/protocol.js';
+import { median, percentile } from '../shared/stats.js';
 
-// Percentile with linear interpolation between closest ranks (numpy's default); null when empty.
-export function percentile(values, p) {
-  const xs = values.filter(Number.isFinite).sort((a, b) => a - b);
-  if (!xs.length) return null;
-  const rank = (Math.min(100, Math.max(0, p)) / 100) * (xs.length - 1);
-  const lo = Math.floor(rank);
-  const hi = Math.ceil(rank);
-  return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo);
-}
-
-export function median(values) { return percentile(values, 50); }
+export { median, percentile };
 
 // Gaps between consecutive token times.
 export function interTokenLatencies(tokenTimes) {
@@ -63,16 +55,16 @@ export function decodeFlopsPerS(params, stepMs) {
 // Every metric the lab shows, from the events seen so far: it works mid-run too, with E2E, TPOT
 // and tokens/s left null until the terminal event. An `error` has no E2E: nothing was answered.
 export function summarize(events) {
-  const tokens = events.filter((e) => e.type === 'token');
+  const tokens = events.filter((e) => e.type === EVENT.TOKEN);
   const byType = (type) => events.find((e) => e.type === type);
-  const prefillStart = byType('prefill_start');
-  const prefillEnd = byType('prefill_end');
-  const accepted = byType('accepted');
-  const terminal = events.find((e) => e.type === 'finished' || e.type === 'cancelled' || e.type === 'error');
+  const prefillStart = byType(EVENT.PREFILL_START);
+  const prefillEnd = byType(EVENT.PREFILL_END);
+  const accepted = byType(EVENT.ACCEPTED);
+  const terminal = events.find((e) => isTerminal(e.type));
   const times = tokens.map((t) => t.t_ms);
   const itl = interTokenLatencies(times);
   const ttft = tokens.length ? tokens[0].t_ms : null;
-  const e2e = terminal && terminal.type !== 'error' ? terminal.t_ms : null;
+  const e2e = terminal && terminal.type !== EVENT.ERROR ? terminal.t_ms : null;
   const count = terminal && Number.isInteger(terminal.tokens) ? terminal.tokens : tokens.length;
   const tpot = timePerOutputToken(e2e, ttft, count);
   const last = tokens[tokens.length - 1] || prefillEnd;
@@ -105,7 +97,7 @@ export function summarize(events) {
 export function tokenSeries(events) {
   const out = [];
   for (const e of events) {
-    if (e.type !== 'token') continue;
+    if (e.type !== EVENT.TOKEN) continue;
     out.push({
       index: e.index, position: e.cache_tokens, stepMs: e.step_ms, tMs: e.t_ms,
       bytesMeasured: e.cache_bytes_measured, bytesFormula: e.cache_bytes_formula,

@@ -1,6 +1,7 @@
 // "What the model reads": asks the server to render and count the prompt (debounced, latest edit
 // wins), then shows the tokens coloured by provenance, the counts, and the context-budget bar with
 // the server's decision. The server is the only judge of the budget; this module only draws it.
+import { html } from '../shared/dom.js';
 import { describePrompt } from './api.js';
 import { budgetParts, describeBudget, describeRejection } from './composer-model.js';
 
@@ -9,7 +10,8 @@ const DEBOUNCE_MS = 250;
 // Newlines get a visible mark so the template's line structure shows inside the token boxes.
 function visible(text) { return text.replace(/\n/g, '↵\n'); }
 
-export function mountPromptView(root) {
+// The debounce timer and the request in flight end with the lab's `figure`.
+export function mountPromptView(root, figure) {
   const tokensEl = root.querySelector('#lab-prompt-tokens');
   const countsEl = root.querySelector('#lab-counts');
   const budgetEl = root.querySelector('#lab-budget');
@@ -21,18 +23,16 @@ export function mountPromptView(root) {
     over: root.querySelector('#lab-budget-over'),
     window: root.querySelector('#lab-budget-window'),
   };
-  let timer = null;
+  let timer = 0;
   let controller = null;
   let latest = null; // {key, data}: the description of the last payload that was counted
+  figure.onDestroy(() => controller?.abort());
 
   function renderTokens(tokens) {
     const frag = document.createDocumentFragment();
     tokens.forEach((t, i) => {
-      const span = document.createElement('span');
-      span.className = `ptok src-${t.source}`;
-      span.textContent = visible(t.text);
+      const span = html('span', { cls: `ptok src-${t.source}`, text: visible(t.text), parent: frag });
       span.title = `token ${i} · id ${t.id} · ${t.source}${t.message != null ? ` · message ${t.message}` : ''}`;
-      frag.append(span);
     });
     tokensEl.replaceChildren(frag);
   }
@@ -78,7 +78,7 @@ export function mountPromptView(root) {
   }
 
   async function refresh(payload) {
-    controller?.abort();
+    controller?.abort(); // the next edit, or the lab's destroy(), abandons this count
     controller = new AbortController();
     const { signal } = controller;
     try {
@@ -103,16 +103,12 @@ export function mountPromptView(root) {
   return {
     // Called on every edit; only the last edit in a quiet spell is counted.
     schedule(payload) {
-      clearTimeout(timer);
-      timer = setTimeout(() => refresh(payload), DEBOUNCE_MS);
+      figure.cancelTimeout(timer);
+      timer = figure.timeout(() => refresh(payload), DEBOUNCE_MS);
     },
     // The description of exactly this payload, if it is the one last counted.
     describedFor(payload) {
       return latest && latest.key === JSON.stringify(payload) ? latest.data : null;
-    },
-    destroy() {
-      clearTimeout(timer);
-      controller?.abort();
     },
   };
 }

@@ -2,8 +2,8 @@
 // complete, and the browser's own receipt times. A run is complete only on `finished`; `cancelled`,
 // `error` and a lost connection leave it incomplete, and events after the terminal one are counted,
 // never applied.
-
-const TERMINAL = new Set(['finished', 'cancelled', 'error']);
+import { plural } from '../shared/format.js';
+import { EVENT, isConnectionLost, isTerminal } from '../shared/protocol.js';
 
 export function createRun({ id, kind, label, payload }) {
   return {
@@ -29,13 +29,10 @@ export function createRun({ id, kind, label, payload }) {
   };
 }
 
-// ws-client settles a dropped socket with a synthetic event; it has no `schema`, the server's do.
-export function isClientSide(event) {
-  return event.type === 'error' && event.code === 'connection_lost' && event.schema == null;
-}
-
+// A dropped socket arrives as ws-client's synthetic event (isConnectionLost): it ends the run as
+// `connection_lost` but is not one of the server's events.
 export function applyEvent(run, event, clientMs) {
-  if (isClientSide(event)) {
+  if (isConnectionLost(event)) {
     if (!run.terminal && !run.clientError) {
       run.clientError = event;
       run.status = 'connection_lost';
@@ -50,7 +47,7 @@ export function applyEvent(run, event, clientMs) {
     return run;
   }
   APPLY[event.type]?.(run, event, clientMs);
-  if (TERMINAL.has(event.type)) {
+  if (isTerminal(event.type)) {
     run.terminal = event;
     run.terminalAt = clientMs;
     if (run.firstTextAt == null && event.text) run.firstTextAt = clientMs;
@@ -58,17 +55,19 @@ export function applyEvent(run, event, clientMs) {
   return run;
 }
 
+// What each event type changes in the run. (`run.status` values are the run's own states; several
+// share an event's name, others, like 'prefill' and 'connection_lost', do not.)
 const APPLY = {
-  accepted(run, e) { run.status = 'accepted'; run.budget = e.budget; },
-  queued(run, e) {
+  [EVENT.ACCEPTED](run, e) { run.status = 'accepted'; run.budget = e.budget; },
+  [EVENT.QUEUED](run, e) {
     run.status = 'queued';
     run.queue = { position: e.position, ahead: e.ahead };
     run.queuedSeen.push({ position: e.position, ahead: e.ahead, t_ms: e.t_ms });
   },
-  prefill_start(run) { run.status = 'prefill'; },
-  prefill_chunk(run, e) { run.chunk = { start: e.start, end: e.end }; },
-  prefill_end(run) { run.status = 'decode'; },
-  token(run, e, clientMs) {
+  [EVENT.PREFILL_START](run) { run.status = 'prefill'; },
+  [EVENT.PREFILL_CHUNK](run, e) { run.chunk = { start: e.start, end: e.end }; },
+  [EVENT.PREFILL_END](run) { run.status = 'decode'; },
+  [EVENT.TOKEN](run, e, clientMs) {
     run.status = 'decode';
     run.tokens.push({
       index: e.index, id: e.id, text: e.text, pending: e.pending, prob: e.prob,
@@ -77,9 +76,9 @@ const APPLY = {
     run.text += e.text;
     if (e.text && run.firstTextAt == null) run.firstTextAt = clientMs;
   },
-  finished(run, e) { run.status = 'finished'; run.complete = true; run.text = e.text; },
-  cancelled(run, e) { run.status = 'cancelled'; run.complete = false; run.text = e.text; },
-  error(run) { run.status = 'error'; run.complete = false; },
+  [EVENT.FINISHED](run, e) { run.status = 'finished'; run.complete = true; run.text = e.text; },
+  [EVENT.CANCELLED](run, e) { run.status = 'cancelled'; run.complete = false; run.text = e.text; },
+  [EVENT.ERROR](run) { run.status = 'error'; run.complete = false; },
 };
 
 const FINISH_REASONS = {
@@ -96,8 +95,6 @@ const CANCEL_CAUSES = {
   slow_client: 'the browser stopped reading fast enough',
   shutdown: 'the server shut down',
 };
-
-function plural(n, word) { return `${n} ${word}${n === 1 ? '' : 's'}`; }
 
 // One sentence saying where the run is, or how it ended.
 export function describeStatus(run) {

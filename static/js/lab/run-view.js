@@ -1,12 +1,13 @@
 // The answer panel's DOM for one run: status sentence, the answer as token boxes (model text only
 // via textContent), each token's top-5 candidates on hover or arrow keys, the metrics list and the
 // per-token latency and cache-growth charts. A run that did not finish is marked so on the answer.
+import { lineChart } from '../charts/charts.js';
+import { html } from '../shared/dom.js';
+import { MISSING, formatInt as fmtInt, formatMs } from '../shared/format.js';
 import { summarize, tokenSeries } from './metrics.js';
 import { describeStatus, isDone } from './run-state.js';
-import { lineChart } from '../charts/charts.js';
 
-const fmtMs = (v) => (v == null ? '–' : `${v.toFixed(1)} ms`);
-const fmtInt = (v) => (v == null ? '–' : Number(v).toLocaleString('en-US'));
+const fmtMs = (v) => formatMs(v, { digits: 1 });
 // Quotes make leading spaces visible; newlines and tabs get a visible sign.
 export const showToken = (text) => `“${text.replace(/\n/g, '↵').replace(/\t/g, '⇥')}”`;
 
@@ -20,7 +21,8 @@ function endMark(run) {
   return CUT[run.terminal?.reason] ? ` ✂ ${CUT[run.terminal.reason]}` : '';
 }
 
-export function createRunView(root) {
+// Its listeners and pending animation frame end with the lab's `figure`.
+export function createRunView(root, figure) {
   const statusEl = root.querySelector('#lab-status');
   const answerEl = root.querySelector('#lab-answer');
   const candEl = root.querySelector('#lab-candidates');
@@ -33,10 +35,8 @@ export function createRunView(root) {
   let frame = 0;
 
   function tokenBox(tok) {
-    const span = document.createElement('span');
-    span.className = 'atok';
+    const span = html('span', { cls: 'atok', text: tok.text });
     span.dataset.index = String(tok.index);
-    span.textContent = tok.text;
     if (!tok.text) span.classList.add(tok.pending ? 'atok-pending' : 'atok-empty');
     return span;
   }
@@ -44,28 +44,19 @@ export function createRunView(root) {
   function renderCandidates(i) {
     const tok = run?.tokens[i];
     if (!tok) return;
-    const head = document.createElement('p');
+    const head = html('p');
     const chosen = tok.candidates.find((c) => c.id === tok.id);
     // A candidate's text is the token itself; a token's own `text` is what it released (maybe "").
     head.textContent = `Token ${tok.index}: chose ${showToken(chosen ? chosen.text : tok.text)} (id ${tok.id}, `
       + `p = ${(tok.prob * 100).toFixed(1)}%)${tok.pending ? ' — part of a character still being completed' : ''}`;
-    const table = document.createElement('table');
-    table.className = 'lab-cand-table';
-    const caption = document.createElement('caption');
-    caption.textContent = 'Five most likely tokens at this step';
-    table.append(caption);
+    const table = html('table', { cls: 'lab-cand-table' });
+    html('caption', { text: 'Five most likely tokens at this step', parent: table });
     for (const c of tok.candidates) {
-      const tr = document.createElement('tr');
-      if (c.id === tok.id) tr.className = 'is-chosen';
-      const bar = document.createElement('td');
-      const fill = document.createElement('span');
-      fill.className = 'lab-cand-bar';
-      fill.style.width = `${Math.max(1, c.prob * 100)}%`;
-      bar.append(fill);
+      const tr = html('tr', { cls: c.id === tok.id ? 'is-chosen' : null });
+      const bar = html('td');
+      html('span', { cls: 'lab-cand-bar', parent: bar }).style.width = `${Math.max(1, c.prob * 100)}%`;
       for (const text of [showToken(c.text), `${(c.prob * 100).toFixed(1)}%`, c.id === tok.id ? 'chosen' : '']) {
-        const td = document.createElement('td');
-        td.textContent = text;
-        tr.append(td);
+        html('td', { text, parent: tr });
       }
       tr.append(bar);
       table.append(tr);
@@ -101,17 +92,11 @@ export function createRunView(root) {
   // not finish, or was cut at a limit, gets a visible end mark so it never reads as complete.
   function finishAnswer() {
     if (run.payload.delivery === 'buffered' && run.text) {
-      const whole = document.createElement('span');
-      whole.className = 'lab-answer-text';
-      whole.textContent = run.text;
-      answerEl.append(whole);
+      html('span', { cls: 'lab-answer-text', text: run.text, parent: answerEl });
     }
     const mark = endMark(run);
     if (mark) {
-      const end = document.createElement('span');
-      end.className = run.complete ? 'lab-answer-end lab-answer-cut' : 'lab-answer-end';
-      end.textContent = mark;
-      answerEl.append(end);
+      html('span', { cls: run.complete ? 'lab-answer-end lab-answer-cut' : 'lab-answer-end', text: mark, parent: answerEl });
     }
     answerEl.dataset.complete = String(run.complete);
   }
@@ -123,10 +108,10 @@ export function createRunView(root) {
     setMetric('queue', fmtMs(m.queueMs));
     setMetric('ttft', fmtMs(m.ttftMs));
     setMetric('tpot', fmtMs(m.tpotMs));
-    setMetric('itl', m.itlP50 == null ? '–' : `${m.itlP50.toFixed(1)} / ${m.itlP90.toFixed(1)} / ${m.itlP99.toFixed(1)} ms`);
+    setMetric('itl', m.itlP50 == null ? MISSING : `${m.itlP50.toFixed(1)} / ${m.itlP90.toFixed(1)} / ${m.itlP99.toFixed(1)} ms`);
     setMetric('e2e', fmtMs(m.e2eMs));
-    setMetric('tps', m.decodeTokensPerS == null ? '–' : `${m.decodeTokensPerS.toFixed(1)} tokens/s`);
-    setMetric('cache', m.cacheBytesMeasured == null ? '–'
+    setMetric('tps', m.decodeTokensPerS == null ? MISSING : `${m.decodeTokensPerS.toFixed(1)} tokens/s`);
+    setMetric('cache', m.cacheBytesMeasured == null ? MISSING
       : `${fmtInt(m.cacheBytesMeasured)} B measured vs ${fmtInt(m.cacheBytesFormula)} B formula `
         + `(${fmtInt(m.cacheTokens)} positions${m.cacheBytesMeasured === m.cacheBytesFormula ? ', equal' : ''})`);
     return m;
@@ -166,8 +151,8 @@ export function createRunView(root) {
     }
   }
 
-  answerEl.addEventListener('mouseover', onPoint);
-  answerEl.addEventListener('keydown', onKey);
+  figure.listen(answerEl, 'mouseover', onPoint);
+  figure.listen(answerEl, 'keydown', onKey);
 
   return {
     show(next) {
@@ -183,17 +168,12 @@ export function createRunView(root) {
     },
     // Coalesces bursts of events into one render per animation frame.
     update() {
-      if (!frame) frame = requestAnimationFrame(renderNow);
+      if (!frame) frame = figure.frame(renderNow);
     },
     // Renders immediately (the terminal event must never wait for a frame that may not come).
     flush() {
-      if (frame) cancelAnimationFrame(frame);
+      if (frame) figure.cancelFrame(frame);
       renderNow();
-    },
-    destroy() {
-      if (frame) cancelAnimationFrame(frame);
-      answerEl.removeEventListener('mouseover', onPoint);
-      answerEl.removeEventListener('keydown', onKey);
     },
   };
 }

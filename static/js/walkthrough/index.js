@@ -1,12 +1,17 @@
 // The walkthrough figure. mount(el) loads the recorded trace, shows the stage the reader has scrolled
 // to, and wires the controls, `#stage-…` deep links, live runs ("Run it for real") and the lab's
-// `kvscope:replay-trace` event; destroy() undoes all of it. The state shown is always
+// `kvscope:replay-trace` event; destroy() undoes all of it (shared/figure.js: every listener, the
+// play timer and the fetches go through one `figure` handle). The state shown is always
 // figureState(stage index, run): nothing accumulates, so going back restores a stage exactly.
 import { parseTrace, deriveRun, makeTrace } from '../trace.js';
 import { runRequest } from '../ws-client.js';
 import { currentModel } from '../model-status.js';
-import { STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, schematicRun, fmtMs } from './stages.js';
-import { createFigure } from './figure.js';
+import { defineFigure } from '../shared/figure.js';
+import { finder } from '../shared/dom.js';
+import { MISSING, formatMs } from '../shared/format.js';
+import { EVENT, isConnectionLost } from '../shared/protocol.js';
+import { STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, schematicRun } from './stages.js';
+import { createDrawing } from './drawing.js';
 import { observeSteps, scrollToStep } from './scroll.js';
 
 const TRACE_URL = new URL('../../data/trace-example.json', import.meta.url);
@@ -14,16 +19,11 @@ const PLAY_EVERY_MS = 4000;
 const NEXT_KEYS = new Set(['ArrowRight', 'ArrowDown', 'PageDown']);
 const PREV_KEYS = new Set(['ArrowLeft', 'ArrowUp', 'PageUp']);
 
-let ctx = null;
-
-function listen(target, type, fn, opts) {
-  target.addEventListener(type, fn, opts);
-  ctx.cleanups.push(() => target.removeEventListener(type, fn, opts));
-}
+let ctx = null; // the mounted walkthrough's state; null once destroyed, which async work checks
 
 function render() {
   const { index, run, source, dom } = ctx;
-  ctx.figure.render(figureState(index, run, source), run);
+  ctx.drawing.render(figureState(index, run, source), run);
   dom.list.forEach((b, i) => (i === index ? b.setAttribute('aria-current', 'step') : b.removeAttribute('aria-current')));
   dom.steps.forEach((s, i) => s.classList.toggle('is-active', i === index));
   dom.prev.disabled = index === 0;
@@ -32,7 +32,7 @@ function render() {
 
 function showFacts() {
   const facts = storyFacts(ctx.run);
-  for (const node of ctx.el.querySelectorAll('[data-fact]')) node.textContent = facts[node.dataset.fact] ?? '—';
+  for (const node of ctx.el.querySelectorAll('[data-fact]')) node.textContent = facts[node.dataset.fact] ?? MISSING;
   const prov = ctx.run.measured ? 'measured' : 'schematic';
   for (const tag of ctx.el.querySelectorAll('[data-prov]')) {
     tag.className = `tag tag-${prov}`;
@@ -79,7 +79,7 @@ function onScrolledTo(i) {
 // ---- play / pause --------------------------------------------------------------------------------
 
 function stopPlay() {
-  clearTimeout(ctx.playTimer);
+  ctx.figure.cancelTimeout(ctx.playTimer);
   ctx.playTimer = null;
   ctx.dom.play.setAttribute('aria-pressed', 'false');
   ctx.dom.play.textContent = 'Play';
@@ -88,7 +88,7 @@ function stopPlay() {
 function tick() {
   if (ctx.index >= LAST) { stopPlay(); return; }
   setStage(ctx.index + 1, { scroll: true });
-  ctx.playTimer = setTimeout(tick, PLAY_EVERY_MS);
+  ctx.playTimer = ctx.figure.timeout(tick, PLAY_EVERY_MS);
 }
 
 function togglePlay() {
@@ -96,7 +96,7 @@ function togglePlay() {
   ctx.dom.play.setAttribute('aria-pressed', 'true');
   ctx.dom.play.textContent = 'Pause';
   if (ctx.index >= LAST) setStage(0, { scroll: true });
-  ctx.playTimer = setTimeout(tick, PLAY_EVERY_MS);
+  ctx.playTimer = ctx.figure.timeout(tick, PLAY_EVERY_MS);
 }
 
 // ---- sources: recorded trace, live run, a run from the lab ---------------------------------------
@@ -107,7 +107,7 @@ function say(text) {
 
 async function loadRecorded() {
   try {
-    const res = await fetch(TRACE_URL);
+    const res = await fetch(TRACE_URL, { signal: ctx.figure.signal });
     if (!res.ok) throw new Error(`HTTP ${res.status}`);
     const trace = parseTrace(await res.json());
     if (!ctx) return;
@@ -126,20 +126,21 @@ async function loadRecorded() {
 async function modelFacts() {
   const known = currentModel();
   if (known && known.facts) return known.facts;
-  const res = await fetch('/api/model');
+  const res = await fetch('/api/model', { signal: ctx.figure.signal });
   return (await res.json()).facts || {};
 }
 
 // The rendered prompt of the example, from the running model's tokenizer. The recorded trace holds
 // the same request, so its prompt stands in if /api/prompt cannot answer.
 async function promptFor(request) {
+  const { recorded, figure } = ctx;
   try {
     const res = await fetch('/api/prompt', {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(request),
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(request), signal: figure.signal,
     });
     if (res.ok) return await res.json();
   } catch { /* fall through to the recorded prompt */ }
-  return ctx.recorded.prompt;
+  return recorded.prompt;
 }
 
 function onLiveEvent(trace, event) {
@@ -147,9 +148,9 @@ function onLiveEvent(trace, event) {
   trace.events.push(event);
   const run = deriveRun(trace);
   ctx.run = run;
-  if (event.type === 'queued') say(`Live run: queued at position ${event.position} (${event.ahead} ahead).`);
-  if (event.type === 'prefill_start') say('Live run: prefill…');
-  if (event.type === 'token') say(`Live run: ${run.tokens.length} tokens…`);
+  if (event.type === EVENT.QUEUED) say(`Live run: queued at position ${event.position} (${event.ahead} ahead).`);
+  if (event.type === EVENT.PREFILL_START) say('Live run: prefill…');
+  if (event.type === EVENT.TOKEN) say(`Live run: ${run.tokens.length} tokens…`);
   const before = ctx.index;
   if (ctx.follow) setStage(stageForPhase(run.phase), { scroll: true });
   if (ctx.index === before) render();
@@ -167,6 +168,7 @@ async function runLive() {
   try {
     [model, prompt] = await Promise.all([modelFacts(), promptFor(request)]);
   } catch (err) {
+    if (!ctx) return;
     say(`Live run: the server did not answer (${err.message}).`);
     updateRunButton();
     return;
@@ -181,15 +183,15 @@ async function runLive() {
   ctx.handle = runRequest(request, { onEvent: (ev) => onLiveEvent(trace, ev) });
   const last = await ctx.handle.done;
   if (!ctx || ctx.live !== trace) return;
-  if (last.code === 'connection_lost') onLiveEvent(trace, { ...last, t_ms: lastTime(trace) });
+  if (isConnectionLost(last)) onLiveEvent(trace, { ...last, t_ms: lastTime(trace) });
   ctx.handle = null;
   ctx.follow = false;
   dom.stop.hidden = true;
   dom.back.hidden = false;
   updateRunButton();
   setRun(deriveRun(trace), 'live');
-  say(last.type === 'finished' ? `Live run finished (${last.reason}) in ${fmtMs(last.t_ms)}.`
-    : `Live run ended early: ${last.type === 'error' ? last.message : 'cancelled'}. The answer is incomplete.`);
+  say(last.type === EVENT.FINISHED ? `Live run finished (${last.reason}) in ${formatMs(last.t_ms)}.`
+    : `Live run ended early: ${last.type === EVENT.ERROR ? last.message : 'cancelled'}. The answer is incomplete.`);
 }
 
 const lastTime = (trace) => (trace.events.length ? trace.events[trace.events.length - 1].t_ms : 0);
@@ -247,20 +249,28 @@ function stageFromHash() {
   return m ? stageIndex(m[1]) : -1;
 }
 
-export function mount(el) {
-  destroy();
-  const q = (sel) => el.querySelector(sel);
+export const { mount, destroy } = defineFigure((el, figure) => {
+  const q = finder(el);
   const dom = {
     figure: q('.wt-figure'), sticky: q('.wt-sticky'), prev: q('.wt-prev'), next: q('.wt-next'), play: q('.wt-play'),
     run: q('.wt-run'), stop: q('.wt-stop'), back: q('.wt-back'), status: q('.wt-run-status'),
     list: [...el.querySelectorAll('.wt-stage-list button')], steps: [...el.querySelectorAll('.wt-step')],
   };
-  ctx = { el, dom, index: 0, run: schematicRun(), source: 'loading', recorded: null, live: null,
-    handle: null, follow: false, anchored: false, playTimer: null, cleanups: [] };
-  ctx.figure = createFigure(dom.figure);
+  ctx = { el, dom, figure, index: 0, run: schematicRun(), source: 'loading', recorded: null, live: null,
+    handle: null, follow: false, anchored: false, playTimer: 0 };
+  ctx.drawing = createDrawing(dom.figure);
+  // Runs last on destroy (after the listeners and the play timer are gone): the live run is
+  // cancelled, the SVG removed, and `ctx = null` tells pending async work to stop.
+  figure.onDestroy(() => {
+    stopPlay();
+    if (ctx.handle) ctx.handle.cancel();
+    ctx.drawing.destroy();
+    ctx = null;
+  });
   showFacts();
   render();
 
+  const { listen } = figure;
   listen(dom.prev, 'click', () => jump(ctx.index - 1));
   listen(dom.next, 'click', () => jump(ctx.index + 1));
   listen(dom.play, 'click', togglePlay);
@@ -272,19 +282,10 @@ export function mount(el) {
   listen(window, 'hashchange', () => { const i = stageFromHash(); if (i >= 0) jump(i); });
   listen(document, 'kvscope:model', (e) => updateRunButton(e.detail));
   listen(document, 'kvscope:replay-trace', onReplayTrace);
-  ctx.cleanups.push(observeSteps(dom.steps, onScrolledTo));
+  figure.onDestroy(observeSteps(dom.steps, onScrolledTo));
 
   const linked = stageFromHash();
   if (linked >= 0) setStage(linked, { scroll: true });
   updateRunButton();
   loadRecorded();
-}
-
-export function destroy() {
-  if (!ctx) return;
-  stopPlay();
-  if (ctx.handle) ctx.handle.cancel();
-  ctx.cleanups.forEach((undo) => undo());
-  ctx.figure.destroy();
-  ctx = null;
-}
+});

@@ -1,6 +1,10 @@
 // The walkthrough's stages and, for a stage index and a derived run (trace.js deriveRun), the exact
 // state the figure shows. Pure and total: the state depends only on (index, run), so scrolling back
 // to a stage restores it exactly.
+import { MISSING, formatInt, formatMs, formatSize } from '../shared/format.js';
+import { EVENT } from '../shared/protocol.js';
+import { median } from '../shared/stats.js';
+
 export const STAGES = [
   { name: 'input', title: 'Assembling the input', focus: 'messages', panel: 'messages', timeline: null },
   { name: 'template', title: 'The chat template', focus: 'prompt', panel: 'rendered', timeline: null },
@@ -112,31 +116,7 @@ export function figureState(i, run, source = run.measured ? 'recorded' : 'schema
   };
 }
 
-// ---- numbers, as the figure and the story print them --------------------------------------------
-
-export function fmtMs(ms) {
-  if (ms === null || ms === undefined || !Number.isFinite(ms)) return '—';
-  if (ms >= 10000) return `${(ms / 1000).toFixed(1)} s`;
-  if (ms >= 100) return `${Math.round(ms).toLocaleString('en-US')} ms`;
-  if (ms >= 10) return `${ms.toFixed(1)} ms`;
-  return `${ms.toFixed(2)} ms`;
-}
-
-export function fmtBytes(b) {
-  if (b === null || b === undefined || !Number.isFinite(b)) return '—';
-  const units = [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]];
-  for (const [unit, size] of units) if (b >= size) return `${(b / size).toFixed(b >= 100 * size ? 0 : 1)} ${unit}`;
-  return `${Math.round(b).toLocaleString('en-US')} B`;
-}
-
-export const fmtInt = (n) => (Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : '—');
-
-function median(values) {
-  if (!values.length) return null;
-  const s = [...values].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
+// ---- the end of a run, in words ---------------------------------------------------------------
 
 const END_WORDS = {
   eos: 'the model produced its end token',
@@ -150,13 +130,13 @@ const END_WORDS = {
 // Whether the answer ended on its own terms: an end token or a stop string. A budget, a full
 // context, a timeout, a cancel or an error leave it cut short, and the figure says so.
 export function answerComplete(end) {
-  return !!end && end.type === 'finished' && (end.reason === 'eos' || end.reason === 'stop_string');
+  return !!end && end.type === EVENT.FINISHED && (end.reason === 'eos' || end.reason === 'stop_string');
 }
 
 export function endSentence(end) {
   if (!end) return '';
-  if (end.type === 'error') return `Error (${end.reason}): ${end.message || 'no answer'} — the answer is incomplete.`;
-  if (end.type === 'cancelled') return `Cancelled (${end.cause || 'client'}, during ${end.state || '?'}) — the answer is incomplete.`;
+  if (end.type === EVENT.ERROR) return `Error (${end.reason}): ${end.message || 'no answer'} — the answer is incomplete.`;
+  if (end.type === EVENT.CANCELLED) return `Cancelled (${end.cause || 'client'}, during ${end.state || '?'}) — the answer is incomplete.`;
   const why = END_WORDS[end.reason] || end.reason;
   return `Finished: ${end.reason} — ${why}.${answerComplete(end) ? '' : ' The answer may be cut short.'}`;
 }
@@ -168,37 +148,37 @@ export function storyFacts(run) {
   const metrics = run.end && run.end.metrics ? run.end.metrics : {};
   const sw = run.splitWord;
   return {
-    'model-name': m.name || '—',
-    'device': m.device_name || m.device || '—',
-    'messages': fmtInt(run.messages.length),
-    'prompt-total': fmtInt(run.prompt.counts.total ?? run.prompt.tokens.length),
-    'content-tokens': fmtInt(run.prompt.counts.content),
-    'template-tokens': fmtInt(run.prompt.counts.template),
-    'split-word': sw ? sw.word : '—',
-    'split-pieces': sw ? sw.pieces.map((p) => JSON.stringify(p)).join(' + ') : '—',
-    'queue-wait': fmtMs(run.queue.waitMs),
-    'prefill-ms': fmtMs(run.prefill.ms),
-    'prefill-tps': fmtInt(run.prefill.tokensPerS),
-    'ttft': fmtMs(metrics.ttft_ms ?? (run.tokens[0] ? run.tokens[0].tMs : null)),
-    'first-token': run.firstToken ? JSON.stringify(run.firstToken.text) : '—',
-    'generated': fmtInt(run.tokens.length),
-    'decode-steps': fmtInt(Math.max(0, run.tokens.length - 1)),
-    'pending': fmtInt(run.pendingCount),
-    'vocab': fmtInt(m.vocab_size),
-    'max-new': fmtInt(run.maxNewTokens),
-    'context-window': fmtInt(m.context_window),
-    'step-median': fmtMs(median(steps)),
-    'decode-tps': metrics.decode_tokens_per_s ? metrics.decode_tokens_per_s.toFixed(1) : '—',
-    'cache-positions': fmtInt(run.cache.tokens),
-    'cache-bytes': fmtBytes(run.cache.bytes),
-    'bytes-per-token': fmtInt(m.kv_bytes_per_token),
-    'layers': fmtInt(m.layers),
-    'kv-heads': fmtInt(m.kv_heads),
-    'head-dim': fmtInt(m.head_dim),
-    'bytes-per-element': fmtInt(m.bytes_per_element),
-    'weights': fmtBytes(m.weights_bytes),
-    'finish-reason': run.end ? run.end.reason : '—',
-    'e2e': fmtMs(metrics.e2e_ms ?? (run.end ? run.end.tMs : null)),
+    'model-name': m.name || MISSING,
+    'device': m.device_name || m.device || MISSING,
+    'messages': formatInt(run.messages.length),
+    'prompt-total': formatInt(run.prompt.counts.total ?? run.prompt.tokens.length),
+    'content-tokens': formatInt(run.prompt.counts.content),
+    'template-tokens': formatInt(run.prompt.counts.template),
+    'split-word': sw ? sw.word : MISSING,
+    'split-pieces': sw ? sw.pieces.map((p) => JSON.stringify(p)).join(' + ') : MISSING,
+    'queue-wait': formatMs(run.queue.waitMs),
+    'prefill-ms': formatMs(run.prefill.ms),
+    'prefill-tps': formatInt(run.prefill.tokensPerS),
+    'ttft': formatMs(metrics.ttft_ms ?? (run.tokens[0] ? run.tokens[0].tMs : null)),
+    'first-token': run.firstToken ? JSON.stringify(run.firstToken.text) : MISSING,
+    'generated': formatInt(run.tokens.length),
+    'decode-steps': formatInt(Math.max(0, run.tokens.length - 1)),
+    'pending': formatInt(run.pendingCount),
+    'vocab': formatInt(m.vocab_size),
+    'max-new': formatInt(run.maxNewTokens),
+    'context-window': formatInt(m.context_window),
+    'step-median': formatMs(median(steps)),
+    'decode-tps': metrics.decode_tokens_per_s ? metrics.decode_tokens_per_s.toFixed(1) : MISSING,
+    'cache-positions': formatInt(run.cache.tokens),
+    'cache-bytes': formatSize(run.cache.bytes),
+    'bytes-per-token': formatInt(m.kv_bytes_per_token),
+    'layers': formatInt(m.layers),
+    'kv-heads': formatInt(m.kv_heads),
+    'head-dim': formatInt(m.head_dim),
+    'bytes-per-element': formatInt(m.bytes_per_element),
+    'weights': formatSize(m.weights_bytes),
+    'finish-reason': run.end ? run.end.reason : MISSING,
+    'e2e': formatMs(metrics.e2e_ms ?? (run.end ? run.end.tMs : null)),
   };
 }
 

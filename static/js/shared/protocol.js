@@ -1,0 +1,74 @@
+// The server's WebSocket events as this page relies on them: the type names, the fields each type
+// carries with their JSON kinds, and the terminal set. It is a hand-written mirror of
+// model_runner/events.py (no build step); tests/unit/test_js_protocol.py reads the JSON between the
+// `protocol-json` markers and fails when it drifts from the dataclasses there (a type or field
+// added, renamed or retyped), and when a script under static/js reads a snake_case name that
+// neither this file nor the static data files declare. So a protocol change is made in both places.
+//
+// Kinds: int, num (a float), str, bool, obj (a JSON object), arr (a list); a trailing "?" means the
+// field may be null or absent. Every event also carries the `common` fields.
+// `model`, `budget` and `metrics` name the fields the page reads from /api/model's facts, from a
+// budget (the `accepted` event, /api/prompt) and from a terminal event's `metrics`: each must exist
+// on the server (model_runner/loader.py ModelFacts, prompt.py, metrics.py); the server may send more.
+const SPEC = /* protocol-json */ {
+  "schema": 1,
+  "common": {"type": "str", "schema": "int", "request_id": "str", "t_ms": "num"},
+  "events": {
+    "accepted": {"prompt_tokens": "int", "content_tokens": "int", "template_tokens": "int", "max_new_tokens": "int",
+                 "context_window": "int", "budget": "obj", "delivery": "str", "kv_cache": "bool", "prefill_chunk": "int"},
+    "queued": {"position": "int", "ahead": "int"},
+    "prefill_start": {"prompt_tokens": "int", "chunk_size": "int"},
+    "prefill_chunk": {"start": "int", "end": "int", "ms": "num", "cache_tokens": "int"},
+    "prefill_end": {"tokens": "int", "ms": "num", "tokens_per_s": "num", "cache_tokens": "int",
+                    "cache_bytes_measured": "int", "cache_bytes_formula": "int", "first_token": "obj"},
+    "token": {"index": "int", "id": "int", "text": "str", "pending": "bool", "step_ms": "num", "cache_tokens": "int",
+              "cache_bytes_measured": "int", "cache_bytes_formula": "int", "prob": "num", "candidates": "arr"},
+    "finished": {"reason": "str", "token_index": "int", "tokens": "int", "text": "str", "metrics": "obj"},
+    "cancelled": {"reason": "str", "cause": "str", "state": "str", "tokens": "int", "text": "str", "metrics": "obj"},
+    "error": {"code": "str", "message": "str", "field": "str?"}
+  },
+  "terminal": ["finished", "cancelled", "error"],
+  "candidate": {"id": "int", "text": "str", "prob": "num"},
+  "model": ["name", "device", "device_name", "dtype", "layers", "attention_heads", "kv_heads", "head_dim",
+            "bytes_per_element", "params", "context_window", "vocab_size", "weights_bytes", "kv_bytes_per_token"],
+  "budget": ["action", "prompt_tokens", "max_new_tokens", "requested_max_new_tokens", "context_window",
+             "dropped_messages"],
+  "metrics": ["ttft_ms", "e2e_ms", "decode_tokens_per_s", "first_text_ms"]
+} /* /protocol-json */;
+
+export const SCHEMA_VERSION = SPEC.schema;
+export const COMMON_FIELDS = Object.freeze(SPEC.common);
+export const EVENT_FIELDS = Object.freeze(SPEC.events);
+export const CANDIDATE_FIELDS = Object.freeze(SPEC.candidate);
+export const MODEL_FACTS = Object.freeze(SPEC.model);
+
+// Event type names to compare against (`e.type === EVENT.TOKEN`), so a misspelt type is an
+// undefined property the protocol test catches rather than a string that silently never matches.
+export const EVENT = Object.freeze({
+  ACCEPTED: 'accepted',
+  QUEUED: 'queued',
+  PREFILL_START: 'prefill_start',
+  PREFILL_CHUNK: 'prefill_chunk',
+  PREFILL_END: 'prefill_end',
+  TOKEN: 'token',
+  FINISHED: 'finished',
+  CANCELLED: 'cancelled',
+  ERROR: 'error',
+});
+
+export const EVENT_TYPES = Object.freeze(Object.keys(SPEC.events));
+export const TERMINAL_TYPES = Object.freeze([...SPEC.terminal]);
+const TERMINAL = new Set(SPEC.terminal);
+
+// Each request ends with exactly one terminal event; nothing for it follows.
+export function isTerminal(type) {
+  return TERMINAL.has(type);
+}
+
+// Not from the server: the `error` code ws-client.js settles with when the socket closes before a
+// terminal event. Such an event has no `schema`, which every server event carries.
+export const CONNECTION_LOST = 'connection_lost';
+
+export function isConnectionLost(event) {
+  return event.type === EVENT.ERROR && event.code === CONNECTION_LOST && event.schema == null;
+}
