@@ -32,6 +32,11 @@ DEFAULTS = {
     "WS_IDLE_TIMEOUT_S": 600.0,
     "MAX_CONTENT_LENGTH": FRAME_LIMIT,
     "LOG_LEVEL": "INFO",
+    # The paged KV pool (None = one full context window) and whether policies may change over HTTP
+    # (None = only when listening on loopback).
+    "KV_CACHE_MB": None,
+    "ALLOW_POLICY_CHANGES": None,
+    "FEED_TEXT": False,  # prompt/answer text in the engine feed; off unless the teacher says so
 }
 
 

@@ -11,12 +11,13 @@ from model_runner.errors import UserError
 from model_runner.request import LIMITS, parse_generate
 
 from .engine_ext import get_engine
-from .security import origin_refusal
 from .protocol import parse_json_object
+from .security import is_loopback, origin_refusal
 
 bp = Blueprint("api", __name__)
 
-STATUS_FOR_CODE = {"model_loading": 503, "model_failed": 503, "overloaded": 503, "internal": 500, "too_large": 413}
+STATUS_FOR_CODE = {"model_loading": 503, "model_failed": 503, "overloaded": 503, "internal": 500, "too_large": 413,
+                   "forbidden": 403}
 
 
 @bp.errorhandler(UserError)
@@ -51,6 +52,33 @@ def prompt():
         raise UserError("send the conversation as JSON (Content-Type: application/json)", code="invalid_json")
     params = parse_generate(parse_json_object(request.get_data(as_text=True)))
     return jsonify(get_engine().describe_prompt(params))  # raises model_loading / model_failed itself
+
+
+@bp.get("/api/engine")
+def engine_state():
+    """The engine's counters, KV pool and scheduling policy right now (the feed's snapshot)."""
+    engine = get_engine()
+    if engine.status()["status"] != "ready":
+        raise UserError("the model is still loading; try again in a few seconds", code="model_loading")
+    return jsonify(engine.snapshot())
+
+
+@bp.post("/api/engine/policy")
+def engine_policy():
+    """Change scheduling policies live, e.g. {"batching": "static"}; answers the policy now in force.
+    Allowed on a loopback server only (or when ALLOW_POLICY_CHANGES is set): on a shared network a
+    student's page must not flip the engine for everyone."""
+    refusal = origin_refusal(required=False)
+    if refusal is not None:
+        return refusal
+    allowed = current_app.config.get("ALLOW_POLICY_CHANGES")
+    if allowed is None:
+        allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
+    if not allowed:
+        raise UserError("scheduling policies can be changed only on a server that listens on loopback "
+                        "(or started with ALLOW_POLICY_CHANGES)", code="forbidden")
+    changes = parse_json_object(request.get_data(as_text=True))
+    return jsonify({"policy": get_engine().set_policy(**changes).to_dict()})
 
 
 @bp.get("/healthz")

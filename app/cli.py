@@ -19,7 +19,7 @@ def serve(args: argparse.Namespace) -> int:
     loader.preflight(args.model, args.device, args.dtype)
     config = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "BIND_HOST": args.host,
               "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout,
-              "MAX_QUEUE": args.max_queue,
+              "MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb,
               # Each open WebSocket holds a thread: keep some free for page and API requests.
               "MAX_SOCKETS": max(1, args.threads - 32)}
 
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"server-side limit per request, seconds (default {engine_defaults.TIMEOUT_S:g})")
     s.add_argument("--max-queue", type=int, default=engine_defaults.MAX_QUEUE,
                    help=f"requests that may wait at once; more are answered 'overloaded' (default {engine_defaults.MAX_QUEUE})")
+    s.add_argument("--kv-cache-mb", type=float, default=None, metavar="MIB",
+                   help="size of the paged KV cache pool in MiB (default: room for one full context window)")
     s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                    help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed")
     s.set_defaults(func=serve)

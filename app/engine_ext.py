@@ -15,6 +15,7 @@ def init_app(app: Flask) -> None:
         engine = Engine(EngineConfig(
             model=app.config["MODEL"], device=app.config["DEVICE"], dtype=app.config["DTYPE"],
             max_queue=int(app.config["MAX_QUEUE"]), timeout_s=float(app.config["TIMEOUT_S"]),
+            kv_cache_mb=app.config["KV_CACHE_MB"], feed_text=bool(app.config["FEED_TEXT"]),
         ))
         engine.start()  # loads on the engine's worker thread: the app answers /api/model meanwhile
         atexit.register(engine.shutdown)  # in-flight requests end with `cancelled` (cause shutdown)

@@ -8,6 +8,7 @@ client. When the socket ends, every request still in flight is cancelled (cause 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -19,7 +20,7 @@ from simple_websocket import ConnectionClosed
 from wsproto.utilities import LocalProtocolError
 
 from model_runner.errors import UserError
-from model_runner.events import Event
+from model_runner.events import SCHEMA_VERSION, Event
 from model_runner.request import json_repr, parse_generate
 
 from .protocol import error_event, parse_json_object, parse_request_id
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 # What a dead or stuck socket raises from send: closed by the peer, reset, or the send timed out.
 SEND_FAILURES = (ConnectionClosed, OSError, LocalProtocolError)
 CLOSE_NORMAL = 1000
+SOCKET_NUMBERS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class Session:
         self._end_cause = "disconnect"
         self._lock = threading.Lock()  # guards _inflight
         self._inflight: dict[str, Any] = {}  # request id → RequestHandle, until its terminal event
+        self._feed = None  # the engine feed subscription, after a `subscribe`
+        self.label = f"socket {next(SOCKET_NUMBERS)}"  # how observers see this socket's requests
 
     # ---- the reader loop -----------------------------------------------------------------------
 
@@ -86,9 +90,14 @@ class Session:
                 self._generate(data)
             elif kind == "cancel":
                 self._cancel(data)
+            elif kind == "subscribe":
+                self._subscribe()
+            elif kind == "unsubscribe":
+                self._unsubscribe()
             else:
-                self._send_error(None, UserError(f"`type` must be 'generate' or 'cancel', got {json_repr(kind)}",
-                                                 field="type"))
+                self._send_error(None, UserError(
+                    f"`type` must be 'generate', 'cancel', 'subscribe' or 'unsubscribe', got {json_repr(kind)}",
+                    field="type"))
         except Exception:  # a bug met by one odd frame must not take the socket and its other requests down
             log.exception("ws %s: handling a %r frame failed", self.peer, kind)
             self._send_error(None, UserError("the server failed to handle this message", code="internal"))
@@ -117,7 +126,7 @@ class Session:
             return
         try:
             params = parse_generate(data)
-            handle = self.engine.submit(params, rid)
+            handle = self.engine.submit(params, rid, label=self.label)
         except UserError as exc:
             self._send_error(rid, exc)
             return
@@ -167,6 +176,29 @@ class Session:
             log.info("ws %s: request %s ended: %s", self.peer, rid, describe_end(last),
                      extra={"kvscope": {"event": "request_ended", "request_id": rid, **end_fields(last)}})
 
+    # ---- the engine feed ---------------------------------------------------------------------------
+
+    def _subscribe(self) -> None:
+        """Follow the engine feed on this socket: a snapshot now, then every engine event. The feed
+        never waits for this socket: a reader that falls behind loses events and is told how many."""
+        if self._feed is not None:
+            return
+        self._feed = feed = self.engine.feed.subscribe()
+        self._send(json.dumps({"type": "engine_snapshot", "schema": SCHEMA_VERSION, **self.engine.snapshot()}))
+        threading.Thread(target=self._pump_feed, args=(feed,), name="kvscope-feed", daemon=True).start()
+
+    def _pump_feed(self, feed) -> None:
+        while self._open and not feed.closed:
+            event = feed.next_event(timeout=self.settings.poll_s)
+            if event is not None and not self._send(json.dumps({**event, "schema": SCHEMA_VERSION})):
+                break
+        feed.close()
+
+    def _unsubscribe(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+
     def _forget(self, rid: str) -> None:
         with self._lock:
             self._inflight.pop(rid, None)
@@ -206,6 +238,7 @@ class Session:
     def _end(self) -> None:
         with self._send_lock:
             self._open = False
+        self._unsubscribe()
         self._cancel_all()
 
     def _cancel_all(self) -> None:

@@ -59,6 +59,8 @@ def _sync(device: torch.device) -> None:
 def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> LoopRun:
     """The floor: prefill, then one forward + argmax per token, stopping at an end token like the engine."""
     from transformers import DynamicCache
+
+    from model_runner.forward import steer
     device = model.device
     run = LoopRun("bare_loop")
     with torch.inference_mode():
@@ -67,7 +69,9 @@ def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids:
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits  # [1, 1, vocab]
         while True:
-            token = int(logits[0, -1].argmax())  # int() waits for the device: the step is really done
+            # steer: a no-op for real models; the scripted test model picks its answer's next byte there
+            last = steer(model, [prompt_ids + run.token_ids], logits[0, -1:])  # [1, vocab]
+            token = int(last[0].argmax())  # int() waits for the device: the step is really done
             run.token_ids.append(token)
             run.token_at.append(now())
             if token in eos_ids or len(run.token_ids) >= max_new_tokens:

@@ -1,7 +1,9 @@
-"""The engine: one worker thread owns the model and runs `step()` = schedule → run model →
-postprocess, one request at a time; any thread may submit or cancel, and each request's events
-go to its own bounded stream, so the worker never waits on a slow client. Every request ends
-with exactly one terminal event (finished, cancelled or error), whatever happens."""
+"""The engine: one worker thread owns the model and the paged KV pool and runs `step()` =
+schedule → one batched forward (a decode token for each running request plus prefill chunks of
+newly admitted ones) → postprocess (sample per request, stop checks, events). Any thread may
+submit, cancel or change the scheduling policy; each request's events go to its own bounded
+stream and the engine feed goes to observers, so the worker never waits on a slow reader. Every
+request ends with exactly one terminal event (finished, cancelled or error), whatever happens."""
 from __future__ import annotations
 
 import itertools
@@ -17,14 +19,16 @@ from . import events as ev
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer, display_text
 from .errors import UserError
-from .kv_cache import KVCache
+from .feed import EngineFeed
+from .forward import BatchForward, recompute_forward
+from .kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
 from .loader import LoadedModel, load
 from .metrics import request_metrics
 from .prompt import plan
 from .request import GenerateParams
 from .sampler import Choice, choose, make_generator
-from .scheduler import Scheduler
-from .sequence import Sequence
+from .scheduler import Policy, Scheduler, StepPlan
+from .sequence import Sequence, State
 from .stopping import StopChecker
 from .stream import RequestHandle
 
@@ -37,16 +41,23 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
         self.config = config
         self.loaded = loaded
-        self.scheduler = Scheduler(config.max_queue)
+        self.scheduler = Scheduler(config.max_queue, config.policy)
+        self.feed = EngineFeed()
+        self.pool: PagedKVPool | None = None
+        self._forward: BatchForward | None = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._status = "ready" if loaded else "loading"
-        self._reason: str | None = None
+        self._status, self._reason = "loading", None
         self._stopping = False
         self._closed: str | None = None  # why the worker takes no more requests (set under the lock)
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
+        self._keys = itertools.count(1)
         self.steps = 0  # model steps run, for tests and health
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+        if loaded is not None:
+            self._prepare()
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -83,18 +94,30 @@ class Engine:
             return False, f"engine worker is not running: {self._closed or self._reason or 'not started'}"
         return True, self._status
 
+    def _prepare(self) -> None:
+        """The paged pool and the batched forward, once the model is loaded."""
+        facts, size = self.loaded.facts, self.config.block_size
+        blocks = (blocks_for_megabytes(self.config.kv_cache_mb, facts, size) if self.config.kv_cache_mb is not None
+                  else default_blocks(facts, size))
+        self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
+        self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
+        self._forward = BatchForward(self.loaded.model, self.pool)
+        self._status = "ready"
+
     # ---- API for any thread ----------------------------------------------------------------------
 
     def describe_prompt(self, params: GenerateParams) -> dict[str, Any]:
         self._require_ready()
         return plan(self.loaded.tokenizer, params, self.loaded.facts.context_window).to_dict()
 
-    def submit(self, params: GenerateParams, request_id: str | None = None) -> RequestHandle:
-        """Queue a request; raise UserError when it cannot be (bad budget, full queue, no model)."""
+    def submit(self, params: GenerateParams, request_id: str | None = None, label: str = "") -> RequestHandle:
+        """Queue a request; raise UserError when it cannot be (bad budget, full queue, no model, or
+        more KV blocks than the whole pool holds)."""
         self._require_ready()
         view = plan(self.loaded.tokenizer, params, self.loaded.facts.context_window)
         seq = Sequence(id=request_id or f"req-{next(self._ids)}", params=params, prompt_ids=view.ids,
-                       max_new_tokens=view.budget["max_new_tokens"])
+                       max_new_tokens=view.budget["max_new_tokens"], key=f"r{next(self._keys)}", label=label)
+        self._require_room(seq)
         handle = seq.stream = RequestHandle(seq, self.config.event_buffer, self._cancel)
         with self._lock:
             if self._closed is not None:  # checked under the lock: the worker may be draining now
@@ -108,6 +131,17 @@ class Engine:
             self._wake.notify_all()
         return handle
 
+    def _require_room(self, seq: Sequence) -> None:
+        if not seq.uses_cache:
+            return
+        need = self.pool.blocks_needed(len(seq.prompt_ids) + seq.max_new_tokens)
+        if need > self.pool.total_blocks:
+            raise UserError(
+                f"this request needs up to {need} KV blocks ({len(seq.prompt_ids)} prompt + {seq.max_new_tokens} new "
+                f"tokens, {self.pool.block_size} a block) but the whole pool holds {self.pool.total_blocks}; "
+                "lower `max_new_tokens`, shorten the messages, or start the server with a larger --kv-cache-mb",
+                code="too_large", field="max_new_tokens")
+
     def _require_ready(self) -> None:
         ok, why = self.health() if self._thread is not None else (True, "")
         if self._status == "loading":
@@ -117,7 +151,7 @@ class Engine:
 
     def _cancel(self, seq: Sequence, cause: str) -> None:
         """Cancel from any thread: a waiting request ends here and now, never prefilled; a running
-        one is flagged and the worker ends it before its next model step."""
+        one is flagged and the worker ends it (and frees its blocks) before its next model step."""
         with self._lock:
             if seq.cancel_cause is None:
                 seq.cancel_cause = cause
@@ -126,6 +160,36 @@ class Engine:
                 self._announce_positions()
             self._wake.notify_all()
 
+    @property
+    def policy(self) -> Policy:
+        return self.scheduler.policy
+
+    def set_policy(self, **changes: Any) -> Policy:
+        """Change scheduling policies at run time; they apply from the next step. UserError (naming
+        the field and its limit) when a change is not valid."""
+        with self._lock:
+            policy = self.scheduler.policy.updated(changes)
+            self.scheduler.policy = policy
+            self._wake.notify_all()
+        self.feed.publish("engine_policy", policy=policy.to_dict())
+        return policy
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and the pool, for health pages and observers that join late."""
+        with self._lock:
+            return {
+                "waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
+                "steps": self.steps, "preemptions": self.preemptions, "prefix_hit_tokens": self.prefix_hit_tokens,
+                "policy": self.scheduler.policy.to_dict(),
+                "kv": self.pool.usage().to_dict() if self.pool else None,
+            }
+
+    @property
+    def active(self) -> int:
+        """Requests queued or running, for tests and health."""
+        with self._lock:
+            return len(self.scheduler)
+
     # ---- the worker ------------------------------------------------------------------------------
 
     def _worker(self) -> None:
@@ -133,7 +197,7 @@ class Engine:
             if self.loaded is None:
                 self.loaded = load(self.config.model, self.config.device, self.config.dtype,
                                    progress=lambda msg: log.info("model: %s", msg))
-            self._status = "ready"
+                self._prepare()
         except Exception as exc:  # any load failure is reported, never a silent dead page
             self._status, self._reason = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.error("model failed to load: %s", self._reason)
@@ -146,7 +210,9 @@ class Engine:
                             self._wake.wait(timeout=0.5)
                         if self._stopping:
                             break
-                    self.step()
+                    if not self.step():
+                        with self._lock:  # nothing could run (all wait for blocks): wait for a change
+                            self._wake.wait(timeout=0.01)
         except BaseException as exc:  # the worker itself broke: say so in health, fail what waits
             self._reason = f"{type(exc).__name__}: {exc}"
             log.error("engine worker died: %s", self._reason)
@@ -156,36 +222,64 @@ class Engine:
                 self._closed = "shutting down" if self._stopping else f"engine worker died: {self._reason}"
             self._drain("shutdown" if self._stopping else "worker_dead")
 
-    def step(self) -> None:
-        """One engine step: schedule → run the model (prefill or one decode token) → postprocess."""
+    def step(self) -> bool:
+        """One engine step: schedule → run the model → postprocess. False when nothing ran."""
         with self._lock:
-            self._expire_waiting()
-            seq = self.scheduler.schedule()
-            if seq is None:
-                return
-            if not seq.started:
-                self._announce_positions()
-        if self._should_stop_before_step(seq):
-            return
+            self._end_cancelled_and_expired()
+            if self.pool.prefix_caching != self.scheduler.policy.prefix_caching:
+                self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
+            batch = self.scheduler.schedule(self.pool)
+            self._announce_schedule(batch)
+        if not batch:
+            return False
+        t0 = time.monotonic()
         try:
-            if seq.started:
-                self._decode(seq)
-            else:
-                self._prefill(seq)
-            self.steps += 1
-        except Exception as exc:  # the request fails, the worker lives on
-            log.error("model step failed for %s: %s", seq.id, exc)
-            log.debug("%s", traceback.format_exc())
-            with self._lock:
-                self._end(seq, error=("internal", f"the model step failed: {type(exc).__name__}: {exc}"))
+            logits = self._run(batch)  # one [vocab] row per work item that wants a token
+        except Exception as exc:
+            logits = self._isolate_failure(batch, exc)
+        now = time.monotonic()
+        step_ms = (now - t0) * 1000
+        self.steps += 1
+        self._postprocess(batch, logits, now, step_ms)
+        self._publish_step(batch, step_ms)
+        return True
 
     # ---- model work ------------------------------------------------------------------------------
 
-    def _forward(self, input_ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_ids: [1, seq] → logits of the last position: [vocab]."""
-        out = self.loaded.model(input_ids=input_ids, past_key_values=cache.cache if cache else None,
-                                use_cache=cache is not None, logits_to_keep=1)
-        return out.logits[0, -1]
+    def _run(self, batch: StepPlan) -> dict[int, torch.Tensor]:
+        """The step's forward passes → {id(work): logits row [vocab]} for the work that wants a token."""
+        rows: dict[int, torch.Tensor] = {}
+        if batch.work:
+            completing = [self.pool.completing(w.seq, len(w.tokens)) for w in batch.work]
+            logits = self._forward(batch.work)  # [wanting rows, vocab]
+            for work, complete in zip(batch.work, completing):
+                self.pool.completed(work.seq, complete)
+            wanting = [w for w in batch.work if w.wants_logits]
+            rows.update({id(w): logits[i] for i, w in enumerate(wanting)})
+        for work in batch.recompute:
+            rows[id(work)] = recompute_forward(self.loaded.model, work.seq)[0]
+        self._sync()
+        return rows
+
+    def _isolate_failure(self, batch: StepPlan, exc: Exception) -> dict[int, torch.Tensor]:
+        """A batched forward failed: run each request of the step alone, so only the ones that fail
+        on their own end with an error and the others carry on (the worker lives on either way)."""
+        log.error("model step failed: %s", exc)
+        log.debug("%s", traceback.format_exc())
+        alone = [StepPlan(work=[w]) for w in batch.work] + [StepPlan(recompute=[w]) for w in batch.recompute]
+        rows: dict[int, torch.Tensor] = {}
+        failures: dict[Sequence, Exception] = {}
+        for single in alone:
+            try:
+                if len(alone) == 1:
+                    raise exc
+                rows.update(self._run(single))
+            except Exception as failure:
+                failures[(single.work + single.recompute)[0].seq] = failure
+        with self._lock:
+            for seq, failure in failures.items():
+                self._end(seq, error=("internal", f"the model step failed: {type(failure).__name__}: {failure}"))
+        return rows
 
     def _sync(self) -> None:
         device = self.loaded.facts.device
@@ -194,65 +288,31 @@ class Engine:
         elif device == "mps":
             torch.mps.synchronize()
 
-    def _start(self, seq: Sequence) -> None:
-        """The request's working state, made when its prefill begins."""
+    def _begin(self, seq: Sequence) -> None:
+        """The request's working state, made when it is first admitted."""
         params, facts = seq.params, self.loaded.facts
         seq.prefill_start = time.monotonic()
         seq.detok = IncrementalDetokenizer(self.loaded.tokenizer)
         seq.stopper = StopChecker(eos_ids=self.loaded.tokenizer.eos_ids, stop=params.stop,
                                   max_new_tokens=seq.max_new_tokens, prompt_tokens=len(seq.prompt_ids),
                                   context_window=facts.context_window)
-        seq.generator = make_generator(params.sampling, self._device())
-        seq.cache = KVCache(self.loaded.model.config, facts) if params.kv_cache else None
+        seq.generator = make_generator(params.sampling, torch.device(facts.device))
 
-    def _prefill(self, seq: Sequence) -> None:
-        self._start(seq)
-        chunk_size = seq.params.prefill_chunk
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self._device())  # [1, prompt]
-        n = ids.shape[1]
-        seq.stream.push(ev.PrefillStart(seq.id, seq.ms_since_submit(), n, chunk_size))
-        for start in range(0, n, chunk_size or n):
-            t0 = time.monotonic()
-            logits = self._forward(ids[:, start:start + (chunk_size or n)], seq.cache)  # [vocab]
-            self._sync()
-            if chunk_size:
-                seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(), start, min(n, start + chunk_size),
-                                                (time.monotonic() - t0) * 1000, seq.cache.tokens if seq.cache else 0))
-            if seq.cancel_cause:  # a cancel between chunks stops the prefill there
-                return
-        choice = choose(logits, seq.params.sampling, seq.generator)
-        now = time.monotonic()
-        prefill_ms = (now - seq.prefill_start) * 1000
-        self.scheduler.prefilled(seq)
-        cache_tokens, measured, formula = self._cache_numbers(seq)
-        seq.stream.push(ev.PrefillEnd(
-            seq.id, seq.ms_since_submit(now), n, prefill_ms, n / max(prefill_ms / 1000, 1e-9),
-            cache_tokens, measured, formula,
-            {"id": choice.token_id, "text": display_text(self.loaded.tokenizer, choice.token_id),
-             "prob": choice.prob, "candidates": self._candidates(choice)}))
-        self._accept_token(seq, choice, now, step_ms=0.0)
+    def _chunk_size(self, seq: Sequence) -> int:
+        """The prefill chunk size this request runs with (0 = the whole prompt in one pass)."""
+        if not seq.uses_cache:  # without a cache the whole prompt is recomputed in one pass
+            return 0
+        if seq.params.prefill_chunk:
+            return seq.params.prefill_chunk
+        return self.scheduler.policy.chunk_size if self.scheduler.policy.chunked_prefill else 0
 
-    def _decode(self, seq: Sequence) -> None:
-        device = self._device()
-        if seq.cache is not None:
-            ids = torch.tensor([[seq.output_ids[-1]]], dtype=torch.long, device=device)  # [1, 1]
-        else:  # no cache: recompute every position, the cost the cache saves
-            ids = torch.tensor([seq.prompt_ids + seq.output_ids], dtype=torch.long, device=device)  # [1, seq]
-        t0 = time.monotonic()
-        logits = self._forward(ids, seq.cache)  # [vocab]
-        self._sync()
-        choice = choose(logits, seq.params.sampling, seq.generator)
-        now = time.monotonic()
-        self._accept_token(seq, choice, now, step_ms=(now - t0) * 1000)
-
-    def _device(self) -> torch.device:
-        return torch.device(self.loaded.facts.device)
-
-    @staticmethod
-    def _cache_numbers(seq: Sequence) -> tuple[int, int, int]:
-        if seq.cache is None:
-            return 0, 0, 0
-        return seq.cache.tokens, seq.cache.measured_bytes(), seq.cache.formula_bytes()
+    def _cache_numbers(self, seq: Sequence) -> dict[str, int]:
+        if not seq.uses_cache:
+            return {"cache_tokens": 0, "measured": 0, "formula": 0, "kv_blocks": 0, "kv_bytes_reserved": 0}
+        blocks = len(self.pool.blocks_of(seq))
+        return {"cache_tokens": seq.cached, "measured": self.pool.measured_bytes(seq.cached),
+                "formula": self.pool.formula_bytes(seq.cached), "kv_blocks": blocks,
+                "kv_bytes_reserved": blocks * self.pool.bytes_per_block}
 
     def _candidates(self, choice: Choice) -> list[ev.Candidate]:
         tok = self.loaded.tokenizer
@@ -260,7 +320,39 @@ class Engine:
 
     # ---- postprocess -----------------------------------------------------------------------------
 
-    def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float) -> None:
+    def _postprocess(self, batch: StepPlan, logits: dict[int, torch.Tensor], now: float, step_ms: float) -> None:
+        size = len(batch.work) + len(batch.recompute)
+        for work in batch.work + batch.recompute:
+            seq = work.seq
+            if seq.state == State.DONE:  # ended by a cancel that raced the step: nothing more to say
+                continue
+            if work.kind == "prefill" and self._chunk_size(seq):
+                done = len(seq.prompt_ids) if not seq.uses_cache else seq.cached
+                seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done,
+                                                step_ms, seq.cached if seq.uses_cache else 0))
+            if not work.wants_logits:
+                continue
+            choice = choose(logits[id(work)], seq.params.sampling, seq.generator)
+            if work.kind == "prefill" and not seq.output_ids:
+                self._end_prefill(seq, choice, now, size)
+                self._accept_token(seq, choice, now, 0.0, size)
+            else:
+                if work.kind == "prefill":  # a resumed request's recompute: it decodes again from here
+                    self.scheduler.prefilled(seq)
+                self._accept_token(seq, choice, now, step_ms, size)
+
+    def _end_prefill(self, seq: Sequence, choice: Choice, now: float, batch_size: int) -> None:
+        self.scheduler.prefilled(seq)
+        prefill_ms = (now - seq.prefill_start) * 1000
+        n, kv = len(seq.prompt_ids), self._cache_numbers(seq)
+        seq.stream.push(ev.PrefillEnd(
+            seq.id, seq.ms_since_submit(now), n, prefill_ms, n / max(prefill_ms / 1000, 1e-9),
+            kv["cache_tokens"], kv["measured"], kv["formula"],
+            {"id": choice.token_id, "text": display_text(self.loaded.tokenizer, choice.token_id),
+             "prob": choice.prob, "candidates": self._candidates(choice)},
+            kv["kv_blocks"], kv["kv_bytes_reserved"], batch_size))
+
+    def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int) -> None:
         seq.output_ids.append(choice.token_id)
         seq.token_times.append(now)
         index = len(seq.output_ids) - 1
@@ -270,56 +362,103 @@ class Engine:
         if released and not buffered and seq.first_text_at is None:
             seq.first_text_at = now
         seq.released_text += released
-        cache_tokens, measured, formula = self._cache_numbers(seq)
+        kv = self._cache_numbers(seq)
         pushed = seq.stream.push(ev.Token(
             seq.id, seq.ms_since_submit(now), index, choice.token_id, "" if buffered else released,
-            seq.detok.is_pending, step_ms, cache_tokens, measured, formula, choice.prob, self._candidates(choice)))
+            seq.detok.is_pending, step_ms, kv["cache_tokens"], kv["measured"], kv["formula"], choice.prob,
+            self._candidates(choice), kv["kv_blocks"], kv["kv_bytes_reserved"], batch_size))
         if not pushed and seq.cancel_cause is None:
             seq.cancel_cause = "slow_client"
         if reason is not None:
             with self._lock:
                 self._end(seq, reason=reason)
 
-    def _should_stop_before_step(self, seq: Sequence) -> bool:
-        """Cancel or timeout, checked before every model step (so within one decode step)."""
-        if seq.cancel_cause is None and not self._timed_out(seq):
-            return False
+    # ---- scheduling events -----------------------------------------------------------------------
+
+    def _announce_schedule(self, batch: StepPlan) -> None:
+        """Events for what the scheduler just decided: preemptions, admissions, queue positions."""
+        for seq, freed in batch.preempted:
+            self.preemptions += 1
+            seq.stream.push(ev.Preempted(seq.id, seq.ms_since_submit(), freed, len(seq.tokens)))
+            self.feed.publish("engine_preempt", request=seq.key, label=seq.label, blocks_freed=freed)
+        for seq in batch.admitted:
+            if seq.prefill_start is None:
+                self._begin(seq)
+                self.prefix_hit_tokens += seq.prefix_hit
+                seq.stream.push(ev.PrefillStart(seq.id, seq.ms_since_submit(), len(seq.prompt_ids),
+                                                self._chunk_size(seq), seq.prefix_hit))
+            else:
+                seq.stream.push(ev.Resumed(seq.id, seq.ms_since_submit(), len(seq.tokens)))
+            self.feed.publish("engine_admit", request=seq.key, label=seq.label, prompt_tokens=len(seq.prompt_ids),
+                              cached_tokens=seq.prefix_hit, resumed=seq.preemptions > 0,
+                              waited_ms=round(seq.ms_since_submit(), 3), **self._feed_text(prompt=seq))
+        self._announce_positions()
+
+    def _announce_positions(self) -> None:
+        for seq, position, ahead, reason in self.scheduler.positions():
+            if seq.stream.last_position != (position, reason):
+                seq.stream.last_position = (position, reason)
+                seq.stream.push(ev.Queued(seq.id, seq.ms_since_submit(), position, ahead, reason))
+
+    def _publish_step(self, batch: StepPlan, step_ms: float) -> None:
+        if not self.feed.subscribers:
+            return
         with self._lock:
+            usage = self.pool.usage().to_dict()
+            waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
+        self.feed.publish(
+            "engine_step", step=self.steps, ms=round(step_ms, 3), batch_tokens=batch.tokens,
+            batch=[{"request": w.seq.key, "label": w.seq.label, "kind": w.kind, "tokens": len(w.tokens),
+                    "blocks": self.pool.blocks_of(w.seq) if w.seq.uses_cache else [],
+                    "shared_blocks": self.pool.shared_blocks_of(w.seq) if w.seq.uses_cache else []}
+                   for w in batch.work + batch.recompute],
+            preempted=[seq.key for seq, _ in batch.preempted],
+            prefix_hit_tokens=sum(seq.prefix_hit for seq in batch.admitted),
+            kv=usage, waiting=waiting, running=running)
+
+    def _feed_text(self, prompt: Sequence | None = None, answer: Sequence | None = None) -> dict[str, str]:
+        """Prompt or answer text for the feed, only when the server allows it."""
+        if not self.config.feed_text:
+            return {}
+        if prompt is not None:
+            return {"prompt": prompt.params.messages[-1].content}
+        return {"text": answer.text if answer is not None else ""}
+
+    # ---- endings ---------------------------------------------------------------------------------
+
+    def _end_cancelled_and_expired(self) -> None:
+        """Cancels and timeouts, acted on before every step (so within one decode step). Caller
+        holds the lock."""
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if seq.cancel_cause:
                 self._end(seq, cancelled=True)
-            else:
+            elif self._timed_out(seq):
                 self._end(seq, reason="timeout")
-        return True
 
     def _timed_out(self, seq: Sequence) -> bool:
         limit = min(seq.params.timeout_s or self.config.timeout_s, self.config.timeout_s)
         return seq.ms_since_submit() > limit * 1000
 
-    def _expire_waiting(self) -> None:
-        for seq in [s for s in self.scheduler.waiting if self._timed_out(s)]:
-            self._end(seq, reason="timeout")
-
     def _end(self, seq: Sequence, *, cancelled: bool = False, reason: str | None = None,
              error: tuple[str, str] | None = None) -> None:
-        """Emit the request's one terminal event and free its cache. Caller holds the lock."""
-        was = self.scheduler.finish(seq).value
+        """Emit the request's one terminal event and give its KV blocks back. Caller holds the lock."""
+        if seq.state == State.DONE:
+            return
+        was, freed = self.scheduler.finish(seq, self.pool)
         now = time.monotonic()
         metrics, t = request_metrics(seq, now), seq.ms_since_submit(now)
         if error is not None:
             terminal = ev.Error(seq.id, t, error[0], error[1])
         elif cancelled:
-            terminal = ev.Cancelled(seq.id, t, "cancelled", seq.cancel_cause or "client", was,
+            terminal = ev.Cancelled(seq.id, t, "cancelled", seq.cancel_cause or "client", was.value,
                                     len(seq.output_ids), seq.text, metrics)
         else:
             terminal = ev.Finished(seq.id, t, reason, len(seq.output_ids) - 1, len(seq.output_ids), seq.text, metrics)
         seq.release()
         seq.stream.finish(terminal)
-
-    def _announce_positions(self) -> None:
-        for seq, position, ahead in self.scheduler.positions():
-            if seq.stream.last_position != position:
-                seq.stream.last_position = position
-                seq.stream.push(ev.Queued(seq.id, seq.ms_since_submit(), position, ahead))
+        self.feed.publish("engine_end", request=seq.key, label=seq.label, outcome=terminal.type,
+                          reason=getattr(terminal, "reason", None) or getattr(terminal, "code", None),
+                          tokens=len(seq.output_ids), blocks_freed=freed, **self._feed_text(answer=seq))
 
     def _drain(self, cause: str) -> None:
         with self._lock:
@@ -329,9 +468,3 @@ class Engine:
                     self._end(seq, cancelled=True)
                 else:
                     self._end(seq, error=("worker_dead", f"the engine worker stopped: {self._reason}"))
-
-    @property
-    def active(self) -> int:
-        """Requests queued or running, for tests and health."""
-        with self._lock:
-            return len(self.scheduler)

@@ -56,7 +56,8 @@ class Accepted(Event):
 class Queued(Event):
     type: ClassVar[str] = "queued"
     position: int  # 1 = next to run
-    ahead: int  # requests that run before this one (the running one included)
+    ahead: int  # requests that run before this one (the running ones included)
+    reason: str = ""  # why it waits: next to run, batch full, KV blocks, static batch, preempted
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class PrefillStart(Event):
     type: ClassVar[str] = "prefill_start"
     prompt_tokens: int
     chunk_size: int  # 0 = the whole prompt in one pass
+    cached_tokens: int = 0  # prompt tokens whose KV blocks came from the prefix cache, not computed
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class PrefillEnd(Event):
     cache_bytes_measured: int
     cache_bytes_formula: int
     first_token: dict[str, Any]  # {id, text, prob, candidates: [Candidate...]}
+    kv_blocks: int = 0  # paged KV blocks the request holds
+    kv_bytes_reserved: int = 0  # those blocks' bytes (the last one may be part empty)
+    batch_size: int = 1  # requests that shared the step
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,24 @@ class Token(Event):
     cache_bytes_formula: int
     prob: float
     candidates: list[Candidate] = field(default_factory=list)
+    kv_blocks: int = 0
+    kv_bytes_reserved: int = 0
+    batch_size: int = 1  # requests whose tokens shared this step's forward pass
+
+
+@dataclass(frozen=True)
+class Preempted(Event):
+    """The KV pool ran out: the request gave its blocks back and waits to recompute its tokens."""
+    type: ClassVar[str] = "preempted"
+    blocks_freed: int
+    tokens: int  # tokens (prompt + answer so far) it will prefill again
+
+
+@dataclass(frozen=True)
+class Resumed(Event):
+    """A preempted request is admitted again and recomputes its tokens in one prefill."""
+    type: ClassVar[str] = "resumed"
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ class Cancelled(Event):
     type: ClassVar[str] = "cancelled"
     reason: str  # always "cancelled", so `reason` reads the same on every terminal event
     cause: str  # client | disconnect | slow_client | shutdown
-    state: str  # the state it was cancelled in: queued | prefill | decode
+    state: str  # the state it was cancelled in: queued | prefill | decode | preempted
     tokens: int
     text: str  # the partial answer: never complete
     metrics: dict[str, Any]
@@ -132,5 +155,6 @@ class Error(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.type: cls for cls in (Accepted, Queued, PrefillStart, PrefillChunk, PrefillEnd, Token, Finished, Cancelled, Error)
+    cls.type: cls for cls in (Accepted, Queued, PrefillStart, PrefillChunk, PrefillEnd, Token, Preempted, Resumed,
+                              Finished, Cancelled, Error)
 }

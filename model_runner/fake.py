@@ -16,10 +16,10 @@ STEER = 6.0  # logit boost for the scripted byte: greedy follows the script, sam
 
 
 class ScriptedLM(nn.Module):
-    """Runs the tiny Llama, then steers its last-position logits towards ANSWER's next byte.
+    """Runs the tiny Llama; the engine then steers each row's logits towards ANSWER's next byte.
 
-    The position in the answer is counted from the last `<|im_start|>assistant\\n` header, using
-    the token ids seen so far (kept beside the cache), so cache on and off give the same text."""
+    The position in the answer is counted from the last `<|im_start|>assistant\n` header in the
+    row's token history, so batched, paged, recomputed and cache-free runs give the same text."""
 
     def __init__(self, base: LlamaForCausalLM, delay_s: float = 0.0):
         super().__init__()
@@ -37,19 +37,21 @@ class ScriptedLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.base.dtype
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None, **kwargs):
-        # input_ids: [1, seq]
+    def set_attn_implementation(self, name: str) -> None:
+        self.base.set_attn_implementation(name)
+
+    def forward(self, input_ids: torch.Tensor, **kwargs):
+        # input_ids: [1, tokens]; a delay stands in for a bigger model's step time
         if self.delay_s:
             time.sleep(self.delay_s)
-        out = self.base(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
-        seen = getattr(past_key_values, "_fake_seen", []) if past_key_values is not None else []
-        seen = seen + input_ids[0].tolist()
-        if past_key_values is not None:
-            past_key_values._fake_seen = seen
-        bias = torch.zeros(self.config.vocab_size, dtype=out.logits.dtype)
-        bias[self._next_scripted(seen)] = STEER
-        out.logits[:, -1, :] += bias.to(out.logits.device)
-        return out
+        return self.base(input_ids=input_ids, **kwargs)
+
+    def steer_logits(self, histories: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+        """logits: [rows, vocab], row i after the tokens histories[i] → the same, steered."""
+        bias = torch.zeros_like(logits)
+        for row, seen in enumerate(histories):
+            bias[row, self._next_scripted(seen)] = STEER
+        return logits + bias
 
     def _next_scripted(self, seen: list[int]) -> int:
         n = len(self.header)

@@ -1,33 +1,157 @@
-"""The request's KV cache, on transformers' public Cache API only, and its accounting:
-measured bytes (the key/value tensors' nbytes summed over layers) beside the formula's bytes."""
+"""The paged KV pool: transformers' PagedAttentionCache holds every request's keys and values in
+fixed-size blocks of one flat tensor; this module reserves and frees blocks per request, shares
+full prefix blocks between requests (reference-counted by transformers' block ledger), and accounts
+for them: blocks held, bytes reserved, bytes used (measured from the tensor and by the formula)."""
 from __future__ import annotations
 
-from transformers import DynamicCache
+import math
+from dataclasses import dataclass
 
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.continuous_batching import PagedAttentionCache
+from transformers.generation.continuous_batching.distributed import DistributedHelper
+from transformers.generation.continuous_batching.initialization import resolve_continuous_batching_config
+from transformers.generation.continuous_batching.requests import RequestStatus
+
+from .errors import UserError
 from .kv_math import kv_cache_bytes
+from .sequence import Sequence
+
+FULL = "full_attention"  # the allocator of full-attention layers (every layer of a Llama)
 
 
-class KVCache:
-    def __init__(self, model_config, facts):
-        self.cache = DynamicCache(config=model_config)
+def blocks_for_megabytes(megabytes: float, facts, block_size: int) -> int:
+    """How many blocks of `block_size` tokens fit in `megabytes` MiB (formula bytes per token)."""
+    return int(megabytes * 2**20 // (facts.kv_bytes_per_token * block_size))
+
+
+def default_blocks(facts, block_size: int) -> int:
+    """Room for one full context window: the longest request always fits, and shorter ones share
+    the pool (16 requests of 512 tokens for SmolLM2's 8,192-token window)."""
+    return math.ceil(facts.context_window / block_size)
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    total: int  # blocks in the pool
+    used: int  # blocks held by requests
+    cached: int  # blocks no request holds, kept for their prefix (freed under pressure)
+    free: int
+    block_size: int  # tokens per block
+    bytes_per_block: int
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "used": self.used, "cached": self.cached, "free": self.free,
+                "block_size": self.block_size, "bytes_per_block": self.bytes_per_block}
+
+
+class _CacheState:
+    """What transformers' cache reads of a request: its id, how many tokens it holds, its tokens."""
+
+    status = RequestStatus.DECODING  # mark_complete_blocks skips FINISHED requests only
+
+    def __init__(self, seq: Sequence):
+        self.request_id = seq.key
+        self._seq = seq
+        self.initial_tokens = seq.prompt_ids
+        self.generated_tokens = seq.output_ids
+
+    def current_len(self) -> int:
+        return self._seq.cached
+
+
+class PagedKVPool:
+    def __init__(self, model, facts, num_blocks: int, block_size: int, max_batch_tokens: int):
+        if num_blocks < 1:
+            raise UserError(f"the KV cache pool must hold at least one block of {block_size} tokens; "
+                            "raise --kv-cache-mb", field="kv_cache_mb")
+        config = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                                          allow_block_sharing=True, max_blocks_per_request=0)
+        config = resolve_continuous_batching_config(model.config, config, None, False, device=model.device)
+        self.cache = PagedAttentionCache(model.config, config, model.device, DistributedHelper(None, None),
+                                         dtype=model.dtype, model_supports_logits_to_keep=True)
         self.facts = facts
+        self.block_size = block_size
+        self._allocator = self.cache.cache_allocators[FULL]
+        self.total_blocks = self.cache.num_blocks
+        self.bytes_per_block = self._allocator.bytes_per_block
+        # Measured: the data part of the flat tensor (its two trash sectors left out) per token it holds.
+        data_bytes = self.cache.cache_tensor.nbytes - 2 * self.cache.bytes_per_sector
+        self.measured_bytes_per_token = data_bytes // (self.total_blocks * block_size)
+        self.set_prefix_caching(False)
+
+    # ---- policy ----------------------------------------------------------------------------------
 
     @property
-    def tokens(self) -> int:
-        return self.cache.get_seq_length()
+    def prefix_caching(self) -> bool:
+        return self.cache.use_prefix_sharing
 
-    def measured_bytes(self) -> int:
-        total = 0
-        for layer in self.cache.layers:
-            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-            if keys is not None and keys.numel():
-                total += keys.nbytes + values.nbytes
-        return total
+    def set_prefix_caching(self, on: bool) -> None:
+        """Off: no prefix is matched or registered, and blocks kept only for their prefix go back to the pool."""
+        self.cache.allow_block_sharing = self.cache.use_prefix_sharing = on
+        if not on:
+            self.cache.evict_cached_blocks()
 
-    def formula_bytes(self, tokens: int | None = None) -> int:
+    # ---- per request -----------------------------------------------------------------------------
+
+    def reserve(self, seq: Sequence, tokens: int) -> bool:
+        """Blocks for `tokens` more positions of `seq`; False (nothing changed) when the pool is short,
+        after giving back blocks that are only cached for their prefix."""
+        state = _CacheState(seq)
+        if self.cache.can_store_request_tokens(state, tokens):
+            return True
+        return self.cache.evict_cached_blocks() and self.cache.can_store_request_tokens(state, tokens)
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Share the full blocks of a cached identical prompt prefix with `seq`; the tokens matched."""
+        return self.cache.search_prefix_match(seq.key, seq.prompt_ids) if self.prefix_caching else 0
+
+    def completing(self, seq: Sequence, tokens: int) -> dict:
+        """Before a forward over `tokens` new positions: which blocks it will fill (for the prefix index)."""
+        return self.cache.count_new_complete_blocks(_CacheState(seq), tokens)
+
+    def completed(self, seq: Sequence, complete: dict) -> None:
+        """After that forward: register the filled blocks' contents so later prompts can share them."""
+        self.cache.mark_complete_blocks(_CacheState(seq), complete)
+
+    def free(self, seq: Sequence) -> int:
+        """Give back every block `seq` holds; returns how many it held."""
+        held = len(self.blocks_of(seq))
+        self.cache.free_blocks(seq.key)
+        return held
+
+    def blocks_of(self, seq: Sequence) -> list[int]:
+        return list(self._allocator.block_table.get(seq.key, ()))
+
+    def shared_blocks_of(self, seq: Sequence) -> list[int]:
+        """The blocks of `seq` that other requests hold too (a shared prefix)."""
+        shared = self._allocator.ledger.shared_ref_counts
+        return [b for b in self.blocks_of(seq) if b in shared]
+
+    def blocks_needed(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    # ---- accounting ------------------------------------------------------------------------------
+
+    def usage(self) -> PoolUsage:
+        pool = self.cache.pool
+        free = pool.count_free_blocks(self._allocator.index) + pool.num_free_sectors * self._allocator.blocks_per_sector
+        cached = len(self._allocator.ledger.cached_blocks)
+        return PoolUsage(self.total_blocks, self.total_blocks - free - cached, cached, free, self.block_size,
+                         self.bytes_per_block)
+
+    def measured_bytes(self, tokens: int) -> int:
+        """Bytes the cache tensor spends on `tokens` positions, from its real size and layout."""
+        return tokens * self.measured_bytes_per_token
+
+    def formula_bytes(self, tokens: int) -> int:
         f = self.facts
-        return kv_cache_bytes(f.layers, f.kv_heads, f.head_dim, f.bytes_per_element,
-                              self.tokens if tokens is None else tokens)
+        return kv_cache_bytes(f.layers, f.kv_heads, f.head_dim, f.bytes_per_element, tokens)
 
-    def crop(self, length: int) -> None:
-        self.cache.crop(length)
+    def reserved_bytes(self, seq: Sequence) -> int:
+        return len(self.blocks_of(seq)) * self.bytes_per_block
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.total_blocks * self.bytes_per_block
+

@@ -1,20 +1,99 @@
-"""Which request runs next, and every change of a request's state: a capped FIFO of waiting
-requests and the running ones (one at a time for now). Pure Python, no torch: the engine owns the
-model and asks the scheduler before any request changes state."""
+"""Which tokens of which requests run in the next engine step, and every change of a request's
+state. Policies (switchable at run time): continuous or static batching, chunked prefill with a
+chunk size, prefix caching, a cap on running requests and a per-step token budget; admission is
+first come, first served. When KV blocks run out, the request admitted last is preempted: its
+blocks go back to the pool and it waits at the head of the queue to recompute its tokens.
+Pure Python, no torch: the pool it asks for blocks is duck-typed (see kv_cache.PagedKVPool)."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol
 
 from .errors import UserError
 from .sequence import Sequence, State
 
+BATCHING_MODES = ("continuous", "static")
+POLICY_LIMITS = {"max_num_seqs": (1, 256), "max_batch_tokens": (16, 8192), "chunk_size": (1, 8192)}
+
+# Why a request is still waiting (sent in `queued` events).
+WAIT_NEXT = "next to run"
+WAIT_LINE = "in line behind earlier requests"
+WAIT_SLOTS = "waiting for a free place in the batch"
+WAIT_BLOCKS = "waiting for KV blocks"
+WAIT_STATIC = "waiting for the static batch to finish"
+WAIT_PREEMPTED = "preempted: waiting to recompute its tokens"
+
+
+@dataclass(frozen=True)
+class Policy:
+    batching: str = "continuous"  # "static": admit only when the running batch has emptied
+    max_num_seqs: int = 16  # requests in the running batch at once
+    max_batch_tokens: int = 512  # tokens per step (decode tokens first, then prefill)
+    chunked_prefill: bool = False  # split prompts into chunks that share steps with decodes
+    chunk_size: int = 64  # prompt tokens per chunk when chunked_prefill is on
+    prefix_caching: bool = False  # share the KV blocks of identical full-block prompt prefixes
+
+    def updated(self, changes: dict[str, Any]) -> "Policy":
+        """A copy with `changes`; UserError naming the field and its limit when one is bad."""
+        known = {f.name: f.type for f in fields(self)}
+        for name, value in changes.items():
+            if name not in known:
+                raise UserError(f"`{name}` is not a scheduling policy; known: {', '.join(known)}", field=name)
+            if name == "batching" and value not in BATCHING_MODES:
+                raise UserError(f"`batching` must be 'continuous' or 'static', got {value!r}", field=name)
+            if name in ("chunked_prefill", "prefix_caching") and not isinstance(value, bool):
+                raise UserError(f"`{name}` must be true or false, got {value!r}", field=name)
+            if name in POLICY_LIMITS:
+                lo, hi = POLICY_LIMITS[name]
+                if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                    raise UserError(f"`{name}` must be an integer between {lo} and {hi}, got {value!r}", field=name)
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class BlockPool(Protocol):
+    def reserve(self, seq: Sequence, tokens: int) -> bool: ...
+    def free(self, seq: Sequence) -> int: ...
+    def match_prefix(self, seq: Sequence) -> int: ...
+
+
+@dataclass
+class Work:
+    """One request's share of a step: `tokens` new positions of kind prefill or decode;
+    `wants_logits` when they end its pending input, so the step chooses its next token."""
+    seq: Sequence
+    tokens: list[int]
+    kind: str  # "prefill" | "decode" | "recompute" (no KV cache: every position again)
+    wants_logits: bool
+
+
+@dataclass
+class StepPlan:
+    work: list[Work] = field(default_factory=list)  # batched over the paged pool
+    recompute: list[Work] = field(default_factory=list)  # cache-free requests, one forward each
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[tuple[Sequence, int]] = field(default_factory=list)  # (request, blocks it gave back)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(w.tokens) for w in self.work + self.recompute)
+
+    def __bool__(self) -> bool:
+        return bool(self.work or self.recompute)
+
 
 class Scheduler:
-    def __init__(self, max_queue: int, max_running: int = 1):
+    def __init__(self, max_queue: int, policy: Policy = Policy()):
         self.max_queue = max_queue
-        self.max_running = max_running
+        self.policy = policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.wait_reason: dict[Sequence, str] = {}
+
+    # ---- arrivals and endings -----------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request, or raise `overloaded` before anything is emitted for it."""
@@ -24,45 +103,162 @@ class Scheduler:
         seq.state = State.QUEUED
         self.waiting.append(seq)
 
-    def schedule(self) -> Sequence | None:
-        """The request to run one step of: a running one, else the next waiting one (now in prefill)."""
-        if len(self.running) < self.max_running and self.waiting:
-            seq = self.waiting.popleft()
-            seq.state = State.PREFILL
-            self.running.append(seq)
-        return self.running[0] if self.running else None
-
-    def prefilled(self, seq: Sequence) -> None:
-        """Prefill is done: the request decodes from now on."""
-        seq.state = State.DECODE
-
-    def finish(self, seq: Sequence) -> State:
-        """The request ends (any reason): out of the queue or the running set. Returns the state it
-        ended in, which a cancel reports."""
+    def finish(self, seq: Sequence, pool: BlockPool | None) -> tuple[State, int]:
+        """The request ends (any reason): out of the queue or the batch, its blocks back in the pool
+        at once. Returns the state it ended in (a cancel reports it) and the blocks it gave back."""
         was = seq.state
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self.wait_reason.pop(seq, None)
+        holds_blocks = was in (State.PREFILL, State.DECODE) and seq.uses_cache  # waiting ones hold none
+        freed = pool.free(seq) if pool is not None and holds_blocks else 0
         seq.state = State.DONE
-        return was
+        return was, freed
+
+    def prefilled(self, seq: Sequence) -> None:
+        """Its prompt (or its recompute) is in the cache: it decodes from now on."""
+        seq.state = State.DECODE
 
     def is_waiting(self, seq: Sequence) -> bool:
-        return seq.state == State.QUEUED and seq in self.waiting
+        return seq.state in (State.QUEUED, State.PREEMPTED) and seq in self.waiting
 
-    def positions(self) -> list[tuple[Sequence, int, int]]:
-        """(request, position, ahead) for each waiting request; position 1 = next to run."""
+    # ---- one step -----------------------------------------------------------------------------------
+
+    def schedule(self, pool: BlockPool) -> StepPlan:
+        """The next step: every running request's decode token first, then prefill (chunks when
+        chunking is on) within the token budget, then new admissions while room remains."""
+        plan = StepPlan()
+        budget = self.policy.max_batch_tokens
+        was_empty = not self.running
+        scheduled: set[Sequence] = set()
+        for seq in [s for s in self.running if s.state == State.DECODE]:
+            if seq in scheduled or seq not in self.running:
+                continue
+            if not seq.uses_cache:
+                plan.recompute.append(Work(seq, seq.tokens, "recompute", True))
+            elif self._reserve_or_preempt(seq, 1, pool, plan, scheduled):
+                plan.work.append(Work(seq, seq.pending, "decode", True))
+                budget -= 1
+            else:
+                continue
+            scheduled.add(seq)
+        for seq in [s for s in self.running if s.state == State.PREFILL]:
+            if seq in scheduled or seq not in self.running:
+                continue
+            budget -= self._schedule_prefill(seq, budget, pool, plan, scheduled)
+        self._admit(budget, was_empty, pool, plan, scheduled)
+        return plan
+
+    def _schedule_prefill(self, seq: Sequence, budget: int, pool: BlockPool, plan: StepPlan,
+                          scheduled: set[Sequence], may_preempt: bool = True) -> int:
+        """Add the next prefill chunk of a request; returns the tokens it takes. A request being
+        admitted (may_preempt False) never preempts others: it waits for blocks instead."""
+        if not seq.uses_cache:  # no cache, no chunks: the whole prompt in one forward
+            plan.recompute.append(Work(seq, seq.tokens, "prefill", True))
+            scheduled.add(seq)
+            return len(seq.tokens)
+        n = self._chunk(seq, budget, first_in_step=not plan.work)
+        if n == 0 or not self._reserve_or_preempt(seq, n, pool, plan, scheduled, may_preempt):
+            return 0
+        pending = seq.pending
+        plan.work.append(Work(seq, pending[:n], "prefill", n == len(pending)))
+        scheduled.add(seq)
+        return n
+
+    def _chunk(self, seq: Sequence, budget: int, first_in_step: bool) -> int:
+        """Prompt tokens of `seq` for this step: a chunk when chunking is on (policy or the request's
+        own `prefill_chunk`), else the whole pending prompt if it fits the budget or runs alone."""
+        pending = len(seq.pending)
+        limits = [pending]
+        if self.policy.chunked_prefill:
+            limits += [self.policy.chunk_size, budget]
+        if seq.params.prefill_chunk:
+            limits.append(seq.params.prefill_chunk)
+        n = max(0, min(limits))
+        if not self.policy.chunked_prefill and n > budget and not first_in_step:
+            return 0  # a whole prompt over the budget waits for a step of its own
+        return n
+
+    def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan,
+               scheduled: set[Sequence]) -> None:
+        """First come, first served: admit waiting requests while the batch, the budget and the pool
+        have room; the first that cannot be admitted keeps everyone behind it waiting."""
+        static_closed = self.policy.batching == "static" and not was_empty
+        for seq in list(self.waiting):
+            reason = self._cannot_admit(static_closed, budget)
+            if reason is None:
+                if seq.uses_cache and seq.cached == 0 and seq.preemptions == 0:
+                    seq.cached = seq.prefix_hit = pool.match_prefix(seq)
+                self.waiting.popleft()
+                was = seq.state
+                seq.state = State.PREFILL
+                self.running.append(seq)
+                taken = self._schedule_prefill(seq, budget, pool, plan, scheduled, may_preempt=False)
+                if seq not in scheduled:  # no blocks for its first chunk: back to the head of the line
+                    self._unadmit(seq, was, pool)
+                    reason = WAIT_BLOCKS
+                else:
+                    budget -= taken
+                    plan.admitted.append(seq)
+                    self.wait_reason.pop(seq, None)
+                    continue
+            # This one waits, and so does everyone behind it (first come, first served).
+            for i, behind in enumerate(self.waiting):
+                self.wait_reason[behind] = reason if i == 0 else WAIT_LINE
+            return
+
+    def _cannot_admit(self, static_closed: bool, budget: int) -> str | None:
+        if static_closed:
+            return WAIT_STATIC
+        if len(self.running) >= self.policy.max_num_seqs:
+            return WAIT_SLOTS
+        if budget <= 0:
+            return WAIT_SLOTS
+        return None
+
+    def _unadmit(self, seq: Sequence, was: State, pool: BlockPool) -> None:
+        self.running.remove(seq)
+        if seq.prefix_hit and seq.preemptions == 0:  # give back the shared prefix blocks it took
+            pool.free(seq)
+            seq.cached = seq.prefix_hit = 0
+        seq.state = was
+        self.waiting.appendleft(seq)
+
+    def _reserve_or_preempt(self, seq: Sequence, tokens: int, pool: BlockPool, plan: StepPlan,
+                            scheduled: set[Sequence], may_preempt: bool = True) -> bool:
+        """Blocks for `tokens` more positions of `seq`, preempting the latest-admitted requests not
+        yet in this step until they fit; False when `seq` itself had to be preempted or must wait."""
+        while not pool.reserve(seq, tokens):
+            victims = [s for s in self.running if s not in scheduled and s is not seq and s.uses_cache]
+            if not may_preempt:
+                return False
+            if not victims:
+                self._preempt(seq, pool, plan)
+                return False
+            self._preempt(victims[-1], pool, plan)
+        return True
+
+    def _preempt(self, seq: Sequence, pool: BlockPool, plan: StepPlan) -> None:
+        """Recompute preemption: give its blocks back; it waits at the head of the queue and, when
+        admitted again, prefills its prompt and its answer so far in one go."""
+        self.running.remove(seq)
+        freed = pool.free(seq)
+        seq.cached = 0
+        seq.preemptions += 1
+        seq.state = State.PREEMPTED
+        self.waiting.appendleft(seq)
+        self.wait_reason[seq] = WAIT_PREEMPTED
+        plan.preempted.append((seq, freed))
+
+    # ---- views --------------------------------------------------------------------------------------
+
+    def positions(self) -> list[tuple[Sequence, int, int, str]]:
+        """(request, position, ahead, why) for each waiting request; position 1 = next to run."""
         busy = len(self.running)
-        return [(s, i + 1, i + busy) for i, s in enumerate(self.waiting)]
-
-    def clear(self) -> list[Sequence]:
-        """Every request still held (running first), each now DONE; for shutdown."""
-        held = [*self.running, *self.waiting]
-        for seq in held:
-            seq.state = State.DONE
-        self.running.clear()
-        self.waiting.clear()
-        return held
+        return [(s, i + 1, i + busy, self.wait_reason.get(s, WAIT_LINE if i else WAIT_NEXT))
+                for i, s in enumerate(self.waiting)]
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)

@@ -12,7 +12,6 @@ from .request import GenerateParams
 
 if TYPE_CHECKING:  # the working state's types need torch; the scheduler imports this module without it
     from .detokenizer import IncrementalDetokenizer
-    from .kv_cache import KVCache
     from .stopping import StopChecker
     from .stream import RequestHandle
 
@@ -21,13 +20,16 @@ class State(str, Enum):
     QUEUED = "queued"
     PREFILL = "prefill"
     DECODE = "decode"
+    PREEMPTED = "preempted"  # its blocks were taken back; it waits to recompute its tokens
     DONE = "done"
 
 
 @dataclass(eq=False)  # identity, not value: two requests may carry the same client id
 class Sequence:
-    id: str
+    id: str  # the client's id (may repeat across clients)
     params: GenerateParams
+    key: str = ""  # the engine's own unique id, also the paged cache's request id
+    label: str = ""  # who sent it, for observers (e.g. "ws 3"), never the prompt
     submitted_at: float = field(default_factory=time.monotonic)
     state: State = State.QUEUED
     prompt_ids: list[int] = field(default_factory=list)
@@ -35,8 +37,11 @@ class Sequence:
     max_new_tokens: int = 0  # after the budget decision
     cancel_cause: str | None = None  # set from any thread; the worker acts on it between steps
     stream: RequestHandle | None = None
+    # KV cache bookkeeping: positions whose keys and values are in the paged pool.
+    cached: int = 0
+    prefix_hit: int = 0  # prompt tokens found in the prefix cache instead of computed
+    preemptions: int = 0
     # The worker's working state, made when prefill starts and dropped at the end.
-    cache: KVCache | None = None
     detok: IncrementalDetokenizer | None = None
     stopper: StopChecker | None = None
     generator: Any = None  # torch.Generator for seeded sampling
@@ -52,6 +57,20 @@ class Sequence:
         return self.prefill_start is not None
 
     @property
+    def tokens(self) -> list[int]:
+        """Every token of the request so far: the prompt, then the answer."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def pending(self) -> list[int]:
+        """The tokens whose keys and values are not in the cache yet: the next forward's input."""
+        return self.tokens[self.cached:]
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.params.kv_cache
+
+    @property
     def text(self) -> str:
         return self.stopper.text if self.stopper else ""
 
@@ -59,6 +78,6 @@ class Sequence:
         return ((now if now is not None else time.monotonic()) - self.submitted_at) * 1000.0
 
     def release(self) -> None:
-        """Drop the working state at the end: the KV tensors are freed now, not when the stream is collected."""
-        self.cache = None
+        """Drop the working state at the end (the engine has given its KV blocks back)."""
         self.generator = None
+        self.cached = 0

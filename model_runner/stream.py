@@ -19,7 +19,7 @@ class RequestHandle:
         self._events: deque[Event] = deque()
         self._ready = threading.Condition()
         self._terminal: Event | None = None
-        self.last_position: int | None = None
+        self.last_position: tuple[int, str] | None = None  # (position, reason) last announced
 
     @property
     def id(self) -> str:

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
-from model_runner.engine import Engine, EngineConfig
+from kvscope_testkit import wait_until
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.request import parse_generate
+from model_runner.scheduler import Policy
 
 
 def gen(content="Tell me about caches.", **fields):
@@ -21,11 +21,9 @@ def run_all(engine, params, request_id="r"):
 
 
 @pytest.fixture
-def slow_engine():
-    engine = Engine(EngineConfig(model="fake:delay=20", max_queue=4)).start()
-    engine.wait_ready(60)
-    yield engine
-    engine.shutdown()
+def slow_engine(engine_factory):
+    """A batch of one request at a time: how the queue behaves whenever the batch is full."""
+    return engine_factory("fake:delay=20", max_queue=4, policy=Policy(max_num_seqs=1))
 
 
 def started(handle):
@@ -290,9 +288,8 @@ def test_concurrent_cancels_from_many_threads_give_one_terminal_each(slow_engine
         assert len(terminals([e.to_dict() for e in h])) == 1
 
 
-def test_shutdown_cancels_what_is_left():
-    engine = Engine(EngineConfig(model="fake:delay=20")).start()
-    engine.wait_ready(60)
+def test_shutdown_cancels_what_is_left(engine_factory):
+    engine = engine_factory("fake:delay=20")
     handle = engine.submit(gen(max_new_tokens=200))
     handle.next_event(1)
     engine.shutdown()
@@ -300,14 +297,10 @@ def test_shutdown_cancels_what_is_left():
     assert events[-1]["type"] == "cancelled" and events[-1]["cause"] == "shutdown"
 
 
-def test_slow_consumer_is_dropped_with_a_reason():
-    engine = Engine(EngineConfig(model="fake", event_buffer=8)).start()
-    engine.wait_ready(60)
+def test_slow_consumer_is_dropped_with_a_reason(engine_factory):
+    engine = engine_factory("fake", event_buffer=8)
     handle = engine.submit(gen(max_new_tokens=200))
-    deadline = time.monotonic() + 10
-    while not handle.done and time.monotonic() < deadline:
-        time.sleep(0.05)  # the client reads nothing meanwhile
+    wait_until(lambda: handle.done, "the engine to drop a client that reads nothing", timeout=10, every=0.05)
     events = [e.to_dict() for e in handle]
-    engine.shutdown()
     assert events[-1]["type"] == "cancelled" and events[-1]["cause"] == "slow_client"
     assert len(events) <= 8 + 1

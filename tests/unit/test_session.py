@@ -13,6 +13,8 @@ import pytest
 from simple_websocket import ConnectionClosed
 
 from app.session import SessionSettings, parse_json_object, run_session
+from kvscope_testkit import wait_until
+from model_runner.scheduler import Policy
 from model_runner.engine import Engine, EngineConfig
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
@@ -95,8 +97,8 @@ class Recorder:
         self.engine = engine
         self.handles = {}
 
-    def submit(self, params, request_id):
-        handle = self.engine.submit(params, request_id)
+    def submit(self, params, request_id, label=""):
+        handle = self.engine.submit(params, request_id, label)
         self.handles[request_id] = handle
         return handle
 
@@ -105,9 +107,7 @@ class Recorder:
 
     def ended(self, rid):
         handle = self.handles[rid]
-        deadline = time.monotonic() + WAIT_S
-        while handle.terminal is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: handle.terminal is not None, f"request {rid} to end", WAIT_S, every=0.01)
         return handle.terminal.to_dict()
 
 
@@ -129,12 +129,10 @@ def fake():
 
 
 @pytest.fixture
-def slow_engine():
-    """40 ms per model step: a request is still decoding when the test acts on it."""
-    engine = Engine(EngineConfig(model="fake:delay=40")).start()
-    engine.wait_ready(60)
-    yield Recorder(engine)
-    engine.shutdown()
+def slow_engine(engine_factory):
+    """40 ms per model step, one request at a time: a request is still decoding when the test acts
+    on it, and a second one is still queued."""
+    return Recorder(engine_factory("fake:delay=40", policy=Policy(max_num_seqs=1)))
 
 
 @pytest.fixture
@@ -219,7 +217,7 @@ def test_the_slot_is_free_as_soon_as_the_client_sees_the_end(fake_engine):
     ("{oops", None),
     (b"\x00\x01", None),
     ('"just a string"', None),
-    ('{"type": "subscribe", "request_id": "r1"}', "type"),
+    ('{"type": "watch", "request_id": "r1"}', "type"),
     ('{"request_id": "r1", "messages": []}', "type"),
     ('{"type": "generate", "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
     ('{"type": "generate", "request_id": 7, "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
@@ -306,7 +304,7 @@ def test_a_model_still_loading_is_an_error_not_a_hang():
 
 def test_an_engine_that_raises_gives_internal_and_the_session_lives_on():
     class Broken:
-        def submit(self, params, request_id):
+        def submit(self, params, request_id, label=""):
             raise RuntimeError("boom")
 
     ws = FakeSocket()
@@ -327,7 +325,7 @@ def test_a_bug_met_by_one_frame_is_answered_with_internal_and_the_socket_lives_o
             raise RuntimeError("bug in cancel")
 
     class Buggy:
-        def submit(self, params, request_id):
+        def submit(self, params, request_id, label=""):
             return BuggyHandle()
 
     ws = FakeSocket()

@@ -1,0 +1,84 @@
+"""The batched forward: one model call for a ragged batch of (request, new tokens) rows over the
+paged KV pool, through transformers' paged attention (sdpa with a `cache=` argument: the model
+writes each row's new keys and values into its blocks and reads its past from them). Also the
+unbatched recompute forward of a request that runs without a KV cache."""
+from __future__ import annotations
+
+import torch
+from transformers.generation.continuous_batching.utils import build_attention_mask
+
+from .kv_cache import FULL, PagedKVPool
+from .scheduler import Work
+from .sequence import Sequence
+
+PAGED_ATTENTION = ("sdpa", "paged|eager")  # transformers' implementations that take the paged cache
+
+
+def use_paged_attention(model) -> None:
+    """Make sure the model's attention can read and write the paged pool."""
+    if model.config._attn_implementation not in PAGED_ATTENTION:
+        model.set_attn_implementation("sdpa")
+
+
+def _i32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _i64(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+class BatchForward:
+    def __init__(self, model, pool: PagedKVPool):
+        use_paged_attention(model)
+        self.model, self.pool = model, pool
+        self.device = model.device
+        self.masked = torch.finfo(model.dtype).min
+
+    def __call__(self, rows: list[Work]) -> torch.Tensor:
+        """rows (blocks already reserved) → logits of the rows that want them: [n_wanting, vocab].
+        Each row's tokens sit at positions seq.cached … seq.cached + len(tokens) − 1."""
+        ids, positions, logit_rows = [], [], []
+        cu_q, cu_k = [0], [0]  # cumulative query / key lengths per row
+        read, write = [[]], [[]]  # physical slots in the pool's flat tensor
+        any_past = any(row.seq.cached for row in rows)
+        max_q = max_k = 0
+        for row in rows:
+            past, q = row.seq.cached, len(row.tokens)
+            ids += row.tokens
+            positions += range(past, past + q)
+            cu_q.append(cu_q[-1] + q)
+            cu_k.append(cu_k[-1] + past + q)
+            max_q, max_k = max(max_q, q), max(max_k, past + q)
+            self.pool.cache.extend_read_and_write_indices(row.seq.key, past, q, read if any_past else None, write)
+            if row.wants_logits:
+                logit_rows.append(cu_q[-1] - 1)
+        # Without any past in the batch the keys are this step's tokens only (transformers skips the read).
+        keys = cu_k if any_past else cu_q
+        # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
+        mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
+        build_attention_mask(mask, cu_q, keys)
+        out = self.model(
+            input_ids=_i32(ids)[None].to(self.device), position_ids=_i32(positions)[None].to(self.device),
+            attention_mask=mask.to(self.device), cache=self.pool.cache,
+            cu_seq_lens_q=_i32(cu_q).to(self.device), cu_seq_lens_k={FULL: _i32(keys).to(self.device)},
+            max_length_q=max_q, max_length_k={FULL: max_k},
+            write_index=[_i64(write[0]).to(self.device)], read_index=[_i64(read[0] if any_past else []).to(self.device)],
+            block_table=None, use_cache=False, is_causal=False,
+            logits_to_keep=_i64(logit_rows).to(self.device))  # hidden states sliced before the LM head
+        for row in rows:
+            row.seq.cached += len(row.tokens)
+        return steer(self.model, [row.seq.tokens for row in rows if row.wants_logits], out.logits[0])
+
+
+def recompute_forward(model, seq: Sequence) -> torch.Tensor:
+    """No KV cache: every position of the request again, the cost the cache saves. → logits [1, vocab]."""
+    ids = _i64([seq.tokens]).to(model.device)  # [1, tokens]
+    out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return steer(model, [seq.tokens], out.logits[0, -1:])
+
+
+def steer(model, histories: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+    """Models that script their answer (the test model) bias each row from its token history."""
+    hook = getattr(model, "steer_logits", None)
+    return hook(histories, logits) if hook is not None else logits
