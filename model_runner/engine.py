@@ -207,6 +207,7 @@ class Engine:
                 while True:
                     with self._lock:
                         while not self._stopping and not len(self.scheduler):
+                            self._apply_pool_policy()  # an idle engine applies a policy change too
                             self._wake.wait(timeout=0.5)
                         if self._stopping:
                             break
@@ -226,8 +227,7 @@ class Engine:
         """One engine step: schedule → run the model → postprocess. False when nothing ran."""
         with self._lock:
             self._end_cancelled_and_expired()
-            if self.pool.prefix_caching != self.scheduler.policy.prefix_caching:
-                self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
+            self._apply_pool_policy()
             batch = self.scheduler.schedule(self.pool)
             self._announce_schedule(batch)
         if not batch:
@@ -243,6 +243,11 @@ class Engine:
         self._postprocess(batch, logits, now, step_ms)
         self._publish_step(batch, step_ms)
         return True
+
+    def _apply_pool_policy(self) -> None:
+        """The pool's side of the policy, on the worker thread (the only one that touches the pool)."""
+        if self.pool.prefix_caching != self.scheduler.policy.prefix_caching:
+            self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
 
     # ---- model work ------------------------------------------------------------------------------
 
