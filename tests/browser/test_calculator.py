@@ -10,9 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from kvscope_testkit import LiveServer, screenshot
-
-pytestmark = pytest.mark.browser
+from kvscope_testkit import screenshot
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text())
 PRESETS = {p["id"]: p for p in GOLDEN["presets"]}
@@ -48,28 +46,13 @@ def set_case(page, case: dict) -> None:
         field(page, "dtype").select_option(case["dtype"])
 
 
-@pytest.fixture(scope="module")
-def slow_fake_server():
-    """The fake model at 30 ms a step, so a run is still going when the test presses Stop."""
-    server = LiveServer("fake:delay=30")
-    try:
-        server.wait_ready(60)
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def page_errors(page):
-    """Console and page errors, except the browser's own favicon probe (no page asked for it)."""
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(f"{m.text} {m.location.get('url', '')}")
-            if m.type == "error" and not m.location.get("url", "").endswith("/favicon.ico") else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    return errors
+def slow_fake_server(live_server):
+    """The fake model at 30 ms a step, so a run is still going when the test presses Stop."""
+    return live_server("fake:delay=30")
 
 
-def test_opens_on_the_reference_example_labelled_computed(page, fake_server, page_errors):
+def test_opens_on_the_reference_example_labelled_computed(page, fake_server, console_errors):
     open_calc(page, fake_server)
     expect(out(page, "per-token")).to_have_text(bytes_text(131_072, "128 KiB"))
     expect(out(page, "total")).to_have_text(bytes_text(1_073_741_824, "1 GiB"))
@@ -82,7 +65,7 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, pag
                         "aria-valuenow": "8192", "aria-valuetext": "8,192 tokens", "tabindex": "0"}.items():
         expect(ctx).to_have_attribute(attr, value)
     expect(slider(page, "seq")).to_have_attribute("aria-valuemax", "256")
-    assert page_errors == []
+    assert console_errors == []
 
 
 def test_number_fields_give_the_golden_totals(page, fake_server):
@@ -301,10 +284,10 @@ def test_state_round_trips_through_the_url(page, fake_server):
     expect(fresh.locator(f'{CALC} [data-field="dtype"]')).to_have_value("fp8")
 
 
-def test_a_mangled_url_still_opens_a_working_calculator(page, fake_server, page_errors):
+def test_a_mangled_url_still_opens_a_working_calculator(page, fake_server, console_errors):
     open_calc(page, fake_server, query="?ctx=-5&seq=9999&layers=x&dtype=fp64&block=7&mix=1,,zz&preset=nope")
     expect(out(page, "total")).to_have_text(bytes_text(1_073_741_824, "1 GiB"))
-    assert page_errors == []
+    assert console_errors == []
 
 
 def test_live_check_on_the_fake_model_compares_measured_and_formula(page, fake_server):
@@ -371,7 +354,7 @@ def test_live_check_can_be_stopped_and_still_compares_what_it_read(page, slow_fa
 
 
 @pytest.mark.parametrize("width", [375, 1440])
-def test_fits_the_screen_and_looks_right(page, fake_server, width, page_errors):
+def test_fits_the_screen_and_looks_right(page, fake_server, width, console_errors):
     page.set_viewport_size({"width": width, "height": 900})
     open_calc(page, fake_server)
     page.select_option("#kvc-preset", "llama-3-8b")
@@ -383,10 +366,9 @@ def test_fits_the_screen_and_looks_right(page, fake_server, width, page_errors):
                        (f'{CALC} [data-out="fit-part"]', "calculator-fit")):
         page.locator(part).evaluate("el => el.scrollIntoView()")
         screenshot(page, f"{name}-{width}")
-    assert page_errors == []
+    assert console_errors == []
 
 
-@pytest.mark.model
 def test_live_check_on_the_real_model_shows_measured_equal_to_formula(page, real_server):
     facts = json.loads(page.request.get(f"{real_server.url}/api/model").text())["facts"]
     per_token = facts["kv_bytes_per_token"]

@@ -11,8 +11,6 @@ from playwright.sync_api import expect
 
 from kvscope_testkit import screenshot
 
-pytestmark = pytest.mark.browser
-
 LAB = "#lab"
 RUN_TIMEOUT = 120_000  # ms: one real-model run on a shared 2-core CPU
 EXPERIMENT_TIMEOUT = 300_000
@@ -40,20 +38,10 @@ RECORD_FRAMES = """
 
 
 @pytest.fixture
-def page_errors(page):
-    """Console and page errors, except the favicon probe and the HTTP 400s the budget test provokes
-    on purpose (Chromium logs every 4xx fetch as a console error)."""
-    errors: list[str] = []
-
-    def on_console(msg):
-        url = msg.location.get("url", "")
-        if msg.type != "error" or url.endswith("/favicon.ico") or "status of 400" in msg.text:
-            return
-        errors.append(f"{msg.text} {url}")
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    return errors
+def ignored_console_errors():
+    """Besides the favicon probe, the HTTP 400s the budget test provokes on purpose (Chromium logs
+    every 4xx fetch as a console error)."""
+    return ("/favicon.ico", "status of 400")
 
 
 def open_lab(page, server):
@@ -150,7 +138,7 @@ def test_chart_scale_math(fake_server, page):
 
 # ---- composer and budget (fake model: byte tokenizer, 512-token window) -------------------------
 
-def test_composer_colours_tokens_by_provenance(fake_server, page, page_errors):
+def test_composer_colours_tokens_by_provenance(fake_server, page, console_errors):
     open_lab(page, fake_server)
     page.click('[data-add-turn="user"]')
     page.locator("#lab-turns li textarea").nth(0).fill("Earlier question")
@@ -170,10 +158,10 @@ def test_composer_colours_tokens_by_provenance(fake_server, page, page_errors):
     # Removing the assistant turn takes its tokens out of the prompt.
     page.get_by_role("button", name=re.compile("Remove turn 2")).click()
     expect(page.locator("#lab-prompt-tokens .ptok.src-assistant")).to_have_count(0)
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_budget_boundary_exactly_full_accepted_one_over_rejected(fake_server, page, page_errors):
+def test_budget_boundary_exactly_full_accepted_one_over_rejected(fake_server, page, console_errors):
     open_lab(page, fake_server)
     prompt = prompt_total(page)
     window = 512  # the fake model's context window
@@ -194,20 +182,20 @@ def test_budget_boundary_exactly_full_accepted_one_over_rejected(fake_server, pa
     page.select_option("#lab-overflow", "shrink_output")
     wait_budget(page, "adjusted", f"lowered from {window - prompt + 1} to {window - prompt}")
     shoot(page, "lab-budget", "#lab-budget")
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_truncate_history_policy_drops_oldest_turn(fake_server, page, page_errors):
+def test_truncate_history_policy_drops_oldest_turn(fake_server, page, console_errors):
     open_lab(page, fake_server)
     page.click('[data-add-turn="user"]')
     page.locator("#lab-turns li textarea").nth(0).fill("x" * 300)
     page.select_option("#lab-overflow", "truncate_history")
     set_max_new(page, 300)
     wait_budget(page, "adjusted", "dropping the oldest earlier message")
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_run_streams_with_metrics_and_candidates_fake(fake_server, page, page_errors):
+def test_run_streams_with_metrics_and_candidates_fake(fake_server, page, console_errors):
     open_lab(page, fake_server)
     set_max_new(page, 200)
     run_and_wait(page, "finished")
@@ -227,10 +215,10 @@ def test_run_streams_with_metrics_and_candidates_fake(fake_server, page, page_er
     page.focus("#lab-answer")
     page.keyboard.press("End")
     expect(page.locator("#lab-candidates p")).to_contain_text(f"Token {len(tokens) - 1}:")
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_controls_reach_the_server(fake_server, page, page_errors):
+def test_controls_reach_the_server(fake_server, page, console_errors):
     open_lab(page, fake_server)
     set_max_new(page, 200)
     page.fill("#lab-stop", "cache")
@@ -259,10 +247,10 @@ def test_controls_reach_the_server(fake_server, page, page_errors):
         texts.append(frames(page, "finished")[-1]["text"])
     assert page.evaluate("window.__labSent")[-1]["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 7}
     assert texts[0] == texts[1]
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_dropped_connection_is_shown_and_not_retried(fake_server, page, page_errors):
+def test_dropped_connection_is_shown_and_not_retried(fake_server, page, console_errors):
     open_lab(page, fake_server)
     set_max_new(page, 200)
     page.click("#lab-run")
@@ -274,10 +262,10 @@ def test_dropped_connection_is_shown_and_not_retried(fake_server, page, page_err
     expect(page.locator("#lab-answer .lab-answer-end")).to_contain_text("did not finish")
     assert page.locator("#lab-answer").get_attribute("data-complete") == "false"
     assert page.evaluate("window.__labSockets.length") == 1  # nothing retried
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_export_import_and_replay_trace(fake_server, page, page_errors, tmp_path):
+def test_export_import_and_replay_trace(fake_server, page, console_errors, tmp_path):
     open_lab(page, fake_server)
     set_max_new(page, 20)
     run_and_wait(page, "finished")
@@ -316,23 +304,22 @@ def test_export_import_and_replay_trace(fake_server, page, page_errors, tmp_path
     page.set_input_files("#lab-import-file", str(bad))
     expect(page.locator("#lab-import-status")).to_contain_text("Could not import")
     expect(rows).to_have_count(2)
-    assert page_errors == []
+    assert console_errors == []
 
 
-def test_invalid_field_is_named(fake_server, page, page_errors):
+def test_invalid_field_is_named(fake_server, page, console_errors):
     open_lab(page, fake_server)
     page.check('input[name="lab-sampling"][value="sample"]')
     page.fill("#lab-temperature", "5")
     expect(page.locator("#lab-counts")).to_contain_text("sampling.temperature")
     run_and_wait(page, "error")
     expect(page.locator("#lab-status")).to_contain_text("sampling.temperature")
-    assert page_errors == []
+    assert console_errors == []
 
 
 # ---- the real default model -------------------------------------------------------------------
 
-@pytest.mark.model
-def test_real_run_streams_and_shows_all_metrics(real_server, page, page_errors):
+def test_real_run_streams_and_shows_all_metrics(real_server, page, console_errors):
     open_lab(page, real_server)
     set_max_new(page, 24)
     run_and_wait(page, "finished")
@@ -354,11 +341,10 @@ def test_real_run_streams_and_shows_all_metrics(real_server, page, page_errors):
     page.locator("#lab-answer .atok").nth(1).hover()
     expect(page.locator("#lab-candidates tr")).to_have_count(5)
     shoot(page, "lab-run", "#lab-run-view")
-    assert page_errors == []
+    assert console_errors == []
 
 
-@pytest.mark.model
-def test_real_stop_mid_answer_is_cancelled_at_the_server(real_server, page, page_errors):
+def test_real_stop_mid_answer_is_cancelled_at_the_server(real_server, page, console_errors):
     open_lab(page, real_server)
     set_max_new(page, 400)
     page.click("#lab-run")
@@ -378,7 +364,7 @@ def test_real_stop_mid_answer_is_cancelled_at_the_server(real_server, page, page
     assert page.locator("#lab-answer").get_attribute("data-complete") == "false"
     expect(page.locator("#lab-answer .atok")).to_have_count(n)
     expect(page.locator("#lab-history-table tbody tr").first).to_contain_text(f"cancelled after {n} tokens")
-    assert page_errors == []
+    assert console_errors == []
 
 
 def points(page, card: str, series: str, chart=".lab-exp-chart"):
@@ -394,8 +380,7 @@ def run_experiment(page, key: str):
     return card
 
 
-@pytest.mark.model
-def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page, page_errors):
+def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page, console_errors):
     open_lab(page, real_server)
     run_experiment(page, "kv")
     off, on = points(page, "kv", "cache off"), points(page, "kv", "cache on")
@@ -410,11 +395,10 @@ def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page
     assert fastest(longest) > fastest(on[-7:])
     expect(page.locator('[data-experiment="kv"] .lab-exp-summary')).to_contain_text("Without the cache the fastest step took")
     shoot(page, "lab-exp-kv", '[data-experiment="kv"]')
-    assert page_errors == []
+    assert console_errors == []
 
 
-@pytest.mark.model
-def test_real_delivery_experiment_buffered_text_comes_with_the_finish(real_server, page, page_errors):
+def test_real_delivery_experiment_buffered_text_comes_with_the_finish(real_server, page, console_errors):
     open_lab(page, real_server)
     run_experiment(page, "delivery")
     lanes = {name: page.locator(f'[data-experiment="delivery"] [data-lane="{name}"]') for name in ("stream", "buffered")}
@@ -425,11 +409,10 @@ def test_real_delivery_experiment_buffered_text_comes_with_the_finish(real_serve
     assert lanes["buffered"].locator(".chart-seg-receiving").count() == 0
     expect(page.locator('[data-experiment="delivery"] .lab-exp-summary')).to_contain_text("the text came with the finish")
     shoot(page, "lab-exp-delivery", '[data-experiment="delivery"]')
-    assert page_errors == []
+    assert console_errors == []
 
 
-@pytest.mark.model
-def test_real_prompt_sweep_plots_ttft_and_estimates(real_server, page, page_errors):
+def test_real_prompt_sweep_plots_ttft_and_estimates(real_server, page, console_errors):
     open_lab(page, real_server)
     run_experiment(page, "sweep")
     ttft = points(page, "sweep", "TTFT")
@@ -447,11 +430,10 @@ def test_real_prompt_sweep_plots_ttft_and_estimates(real_server, page, page_erro
     expect(table).to_contain_text("estimate")
     expect(table.locator("tbody tr")).to_have_count(5)
     shoot(page, "lab-exp-sweep", '[data-experiment="sweep"]')
-    assert page_errors == []
+    assert console_errors == []
 
 
-@pytest.mark.model
-def test_real_two_requests_second_waits_in_queue(real_server, page, page_errors):
+def test_real_two_requests_second_waits_in_queue(real_server, page, console_errors):
     open_lab(page, real_server)
     card = run_experiment(page, "concurrent")
     segs = lambda lane, kind: page.locator(f'[data-experiment="concurrent"] [data-lane="{lane}"] .chart-seg-{kind}')
@@ -466,4 +448,4 @@ def test_real_two_requests_second_waits_in_queue(real_server, page, page_errors)
     b_queued = [f for f in frames(page, "queued") if f["request_id"] == b_id]
     assert b_queued and b_queued[0]["position"] == 1 and b_queued[0]["ahead"] == 1
     shoot(page, "lab-exp-concurrent", '[data-experiment="concurrent"]')
-    assert page_errors == []
+    assert console_errors == []

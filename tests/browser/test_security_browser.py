@@ -6,8 +6,6 @@ import pytest
 
 from kvscope_testkit import screenshot
 
-pytestmark = pytest.mark.browser
-
 WATCH_VIOLATIONS = """() => {
   window.__violations = [];
   document.addEventListener('securitypolicyviolation',

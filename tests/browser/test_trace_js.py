@@ -15,8 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 TOKENS = [e for e in TRACE["events"] if e["type"] == "token"]
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="module")
 def static_url():

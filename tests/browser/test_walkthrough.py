@@ -12,8 +12,6 @@ from playwright.sync_api import expect
 
 from kvscope_testkit import screenshot
 
-pytestmark = pytest.mark.browser
-
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 STAGES = ["input", "template", "tokens", "queue", "prefill", "first-token", "decode", "cache", "delivery", "end", "map"]
@@ -215,16 +213,21 @@ def test_reduced_motion_changes_state_without_transitions(page, fake_server, con
     assert console_errors == []
 
 
+PLAY_EVERY_MS = 4000  # the walkthrough's auto-advance period (static/js/walkthrough/index.js)
+
+
 def test_play_advances_and_pause_stops(page, fake_server, console_errors):
+    page.clock.install()  # the page's timers run on a clock the test moves: no real seconds pass
     open_page(page, fake_server, WIDE)
     play = page.locator(".wt-play")
     play.click()
     expect(play).to_have_attribute("aria-pressed", "true")
-    expect(page.locator(FIGURE)).to_have_attribute("data-stage", "template", timeout=15000)
+    page.clock.run_for(PLAY_EVERY_MS)
+    expect(page.locator(FIGURE)).to_have_attribute("data-stage", "template")
     play.click()
     expect(play).to_have_attribute("aria-pressed", "false")
     paused_at = page.locator(FIGURE).get_attribute("data-stage")
-    page.wait_for_timeout(5000)  # longer than one auto-advance period (4 s)
+    page.clock.run_for(3 * PLAY_EVERY_MS)  # three periods: a timer left running would have moved on
     assert page.locator(FIGURE).get_attribute("data-stage") == paused_at
     assert console_errors == []
 
@@ -269,7 +272,6 @@ def test_without_its_trace_the_figure_says_it_is_schematic(page, fake_server):
     assert snapshot(page)["cacheColumns"] > 0
 
 
-@pytest.mark.model
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1440", "375"])
 def test_live_run_plays_the_real_models_events(page, real_server, console_errors, viewport):
     frames: list[dict] = []

@@ -7,36 +7,31 @@ import io
 import json
 
 import pytest
-from kvscope_testkit import LiveServer
 
-from bench.runner import totals
-from bench.clients import Job, WebSocketClient, run_jobs
-from bench.stats import SCHEMA, validate
 from app.cli import main
+from bench.clients import Job, WebSocketClient, run_jobs
+from bench.runner import totals
+from bench.stats import SCHEMA, validate
 
 
-@pytest.fixture(scope="module")
-def slow_server():
-    server = LiveServer("fake:delay=20")
-    try:
-        server.wait_ready(60)
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def stepping_server(live_server):
+    """The fake model at 20 ms per step: long answers are still running when a timeout or cancel lands."""
+    return live_server("fake:delay=20")
 
 
 def ask(**fields) -> dict:
     return {"messages": [{"role": "user", "content": "Tell me about caches."}], **fields}
 
 
-def test_outcomes_over_the_socket_are_all_counted(slow_server):
+def test_outcomes_over_the_socket_are_all_counted(stepping_server):
     jobs = [
         Job(ask(max_new_tokens=200)),
         Job(ask(max_new_tokens=200, timeout_s=0.05)),
         Job(ask(max_new_tokens=200), cancel_after_tokens=3),
         Job(ask(max_new_tokens=5000)),  # invalid: the protocol allows at most 1024
     ]
-    records, _ = run_jobs(WebSocketClient(slow_server.ws_url), jobs, "ws")
+    records, _ = run_jobs(WebSocketClient(stepping_server.ws_url), jobs, "ws")
     assert [r.outcome for r in records] == ["completed", "timeout", "cancelled", "error"]
     assert records[3].reason == "invalid_request"
     t = totals(records)
@@ -52,11 +47,11 @@ def test_refused_connection_is_a_counted_failure():
     assert (records[0].outcome, records[0].reason) == ("error", "connect_failed")
 
 
-def test_bench_command_over_the_socket(slow_server, tmp_path):
+def test_bench_command_over_the_socket(stepping_server, tmp_path):
     path = tmp_path / "ws.json"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["bench", "--model", "fake", "--via-websocket", slow_server.ws_url, "--prompt-lens", "60",
+        code = main(["bench", "--model", "fake", "--via-websocket", stepping_server.ws_url, "--prompt-lens", "60",
                      "--output-lens", "6", "--concurrency", "1,2", "--repeats", "1", "--no-cache-probe",
                      "--no-baselines", "--json", str(path), "--no-progress"])
     report = json.loads(path.read_text())
@@ -67,10 +62,10 @@ def test_bench_command_over_the_socket(slow_server, tmp_path):
     assert "over the WebSocket" in printed.getvalue() and "deliv-lo" in printed.getvalue()
 
 
-def test_baselines_beside_the_socket(slow_server, tmp_path):
+def test_baselines_beside_the_socket(stepping_server, tmp_path):
     path = tmp_path / "ws-baselines.json"
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main(["bench", "--model", "fake", "--via-websocket", slow_server.ws_url, "--prompt-lens", "60",
+        code = main(["bench", "--model", "fake", "--via-websocket", stepping_server.ws_url, "--prompt-lens", "60",
                      "--output-lens", "6", "--concurrency", "1", "--repeats", "2", "--no-cache-probe",
                      "--json", str(path), "--no-progress"])
     report = json.loads(path.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -30,8 +31,11 @@ def test_a_folder_without_a_chat_template_is_refused(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_server_answers_on_the_chosen_port_under_gunicorn(fake_server):
-    with urllib.request.urlopen(fake_server.url + "/") as r:
+def test_server_answers_at_the_address_it_prints_on_the_chosen_port_under_gunicorn(fake_server):
+    # The address comes from what `kvscope serve` printed, not from the port the test chose: a server
+    # that printed or bound another port fails here.
+    printed = fake_server.announced_url()
+    assert urlsplit(printed).port == fake_server.port, printed
+    with urllib.request.urlopen(printed + "/", timeout=30) as r:
         assert r.status == 200 and r.headers["Server"].startswith("gunicorn")
         assert b"Inside a streaming answer" in r.read()
-    assert f":{fake_server.port}" in fake_server.url

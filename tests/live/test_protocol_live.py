@@ -3,35 +3,23 @@ client: full generate, cancel, several requests per socket, every validation cas
 the Origin/Host defences, and sockets that close or reset mid-stream."""
 from __future__ import annotations
 
-import base64
 import json
-import os
-import socket
-import struct
-import time
 import urllib.request
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from kvscope_testkit import LiveServer
+from kvscope_testkit import HELLO, TERMINAL, LogCursor, RawClient, browser_headers, end_is, generate_frame
 from model_runner.fake import ANSWER
 
 WAIT_S = 60.0  # deadline for conditions that hold in well under a second; never a timing claim
-TERMINAL = {"finished", "cancelled", "error"}
-HI = [{"role": "user", "content": "Say hello."}]
 
 
-@pytest.fixture(scope="module")
-def slow_server():
+@pytest.fixture
+def capped_server(live_server):
     """The fake model at 40 ms per step (a request decodes for seconds) and a queue cap of 4."""
-    server = LiveServer("fake:delay=40", extra_env={"KVSCOPE_MAX_QUEUE": "4"})
-    try:
-        server.wait_ready(120)
-        yield server
-    finally:
-        server.stop()
+    return live_server("fake:delay=40", env={"KVSCOPE_MAX_QUEUE": "4"})
 
 
 def open_ws(server, **kwargs):
@@ -39,7 +27,7 @@ def open_ws(server, **kwargs):
 
 
 def generate(rid, **fields) -> str:
-    return json.dumps({"type": "generate", "request_id": rid, "messages": HI, **fields})
+    return json.dumps(generate_frame(rid, **fields))
 
 
 def receive(ws) -> dict:
@@ -61,16 +49,6 @@ def until(ws, predicate) -> dict:
         event = receive(ws)
         if predicate(event):
             return event
-
-
-def wait_for_log(server, start: int, text: str) -> str:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        tail = server.log()[start:]
-        if text in tail:
-            return tail
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} never appeared in the server log:\n{server.log()[start:][-2000:]}")
 
 
 # ---- the happy paths -----------------------------------------------------------------------------
@@ -107,8 +85,8 @@ def test_several_requests_share_one_socket_in_turn_and_at_once(fake_server):
     assert ends["par-1"]["text"] == ANSWER[:3] and ends["par-2"]["text"] == ANSWER[:5]
 
 
-def test_cancel_ends_a_decoding_request_with_its_partial_answer(slow_server):
-    with open_ws(slow_server) as ws:
+def test_cancel_ends_a_decoding_request_with_its_partial_answer(capped_server):
+    with open_ws(capped_server) as ws:
         ws.send(generate("cancel-1", max_new_tokens=400))
         until(ws, lambda e: e["type"] == "token")
         ws.send(json.dumps({"type": "cancel", "request_id": "cancel-1"}))
@@ -119,14 +97,14 @@ def test_cancel_ends_a_decoding_request_with_its_partial_answer(slow_server):
 
 # ---- validation: an error naming the field and the limit, and the socket stays usable ---------
 
-GOOD = {"type": "generate", "request_id": "v", "messages": HI}
+GOOD = {"type": "generate", "request_id": "v", "messages": HELLO}
 CASES = {
     "malformed JSON": ('{"type": "generate", ', None, "invalid_json", None, "not valid JSON"),
     "binary frame": (b'{"type": "generate"}', None, "invalid_json", None, "binary"),
     "JSON that is not an object": ("[1, 2, 3]", None, "invalid_json", None, "JSON object"),
     "unknown type": ({"type": "summon", "request_id": "v"}, None, "invalid_request", "type", "'generate' or 'cancel'"),
-    "missing type": ({"request_id": "v", "messages": HI}, None, "invalid_request", "type", "got None"),
-    "missing request_id": ({"type": "generate", "messages": HI}, None, "invalid_request", "request_id", "1 to 64"),
+    "missing type": ({"request_id": "v", "messages": HELLO}, None, "invalid_request", "type", "got None"),
+    "missing request_id": ({"type": "generate", "messages": HELLO}, None, "invalid_request", "request_id", "1 to 64"),
     "wrong-typed request_id": ({**GOOD, "request_id": 12}, None, "invalid_request", "request_id", "got 12"),
     "missing messages": ({"type": "generate", "request_id": "v"}, "v", "invalid_request", "messages", "non-empty list"),
     "wrong-typed messages": ({**GOOD, "messages": "hello"}, "v", "invalid_request", "messages", "non-empty list"),
@@ -179,10 +157,10 @@ def test_a_frame_over_the_size_limit_closes_the_socket_with_1009(fake_server):
     assert info.value.rcvd is not None and info.value.rcvd.code == 1009
 
 
-def test_requests_in_flight_per_socket_and_the_queue_are_capped_with_immediate_errors(slow_server):
+def test_requests_in_flight_per_socket_and_the_queue_are_capped_with_immediate_errors(capped_server):
     """Per socket: 4 in flight, the fifth is `too_many_requests`. Server-wide: the queue holds 4
     waiting requests; past that a request is `overloaded` at once, with nothing queued."""
-    with open_ws(slow_server) as first, open_ws(slow_server) as second:
+    with open_ws(capped_server) as first, open_ws(capped_server) as second:
         for n in range(5):
             first.send(generate(f"cap-{n}", max_new_tokens=400))
         refused = until(first, lambda e: e["type"] == "error")
@@ -200,38 +178,11 @@ def test_requests_in_flight_per_socket_and_the_queue_are_capped_with_immediate_e
 
 # ---- closing mid-stream -----------------------------------------------------------------------
 
-def handshake(server, host: str | None = None, origin: str | None = None) -> tuple[socket.socket, bytes]:
-    """A bare WebSocket handshake on a plain socket: the test alone decides every header and how
-    the TCP connection ends. Returns the socket and the response head."""
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /ws HTTP/1.1\r\nHost: {host or f'127.0.0.1:{server.port}'}\r\nUpgrade: websocket\r\n"
-                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                  f"Origin: {origin or server.url}\r\n\r\n").encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
-    return sock, head
-
-
-def raw_ws(server) -> socket.socket:
-    sock, head = handshake(server)
-    assert head.startswith(b"HTTP/1.1 101"), head
-    return sock
-
-
-def send_text(sock: socket.socket, text: str) -> None:
-    payload, mask = text.encode(), os.urandom(4)
-    length = struct.pack("!BH", 0xFE, len(payload)) if len(payload) > 125 else bytes([0x80 | len(payload)])
-    sock.sendall(bytes([0x81]) + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-
-
-def read_until(sock: socket.socket, marker: bytes) -> None:
-    seen = b""
-    while marker not in seen:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the connection"
-        seen += chunk
+def raw_ws(server) -> RawClient:
+    """A WebSocket on a plain socket, so the test alone decides how the TCP connection ends."""
+    raw = RawClient(server.port, browser_headers(server))
+    assert raw.status == 101, raw.response_headers
+    return raw
 
 
 def assert_served_normally(server) -> None:
@@ -240,51 +191,54 @@ def assert_served_normally(server) -> None:
         assert run_to_end(ws, "next")[-1]["type"] == "finished"
 
 
-def test_a_clean_close_mid_stream_cancels_the_request_and_the_server_carries_on(slow_server):
-    start = len(slow_server.log())
-    with open_ws(slow_server) as ws:
-        ws.send(generate("closed-1", max_new_tokens=400))
+def close_after_first_token(server, rid: str) -> None:
+    """Leave mid-answer with a clean WebSocket close."""
+    with open_ws(server) as ws:
+        ws.send(generate(rid, max_new_tokens=400))
         until(ws, lambda e: e["type"] == "token")
-    log = wait_for_log(slow_server, start, "request closed-1 ended: cancelled (disconnect, in decode")
-    assert_served_normally(slow_server)
-    assert "Traceback" not in slow_server.log()[start:] and "Traceback" not in log
 
 
-def test_a_tcp_reset_mid_stream_cancels_the_request_quietly(slow_server):
-    start = len(slow_server.log())
-    sock = raw_ws(slow_server)
-    send_text(sock, generate("reset-1", max_new_tokens=400))
-    read_until(sock, b'"type": "token"')
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()  # linger 0: the kernel sends RST, not FIN
-    wait_for_log(slow_server, start, "request reset-1 ended: cancelled (disconnect, in decode")
-    assert_served_normally(slow_server)
-    assert "Traceback" not in slow_server.log()[start:]
+def reset_after_first_token(server, rid: str) -> None:
+    """Leave mid-answer with a TCP reset (linger 0: the kernel sends RST, not FIN)."""
+    raw = raw_ws(server)
+    raw.send_text(generate(rid, max_new_tokens=400))
+    raw.read_until("token")
+    raw.reset()
 
 
-def test_a_reset_while_queued_drops_the_request_without_prefill(slow_server):
-    start = len(slow_server.log())
-    with open_ws(slow_server) as holder:
+@pytest.mark.parametrize("leave", [close_after_first_token, reset_after_first_token], ids=["close", "tcp-reset"])
+def test_leaving_mid_stream_cancels_the_request_quietly_and_the_server_carries_on(capped_server, leave):
+    log = LogCursor(capped_server)
+    leave(capped_server, "left-1")
+    end = log.wait_end("left-1")
+    assert end_is(end, "cancelled", cause="disconnect", state="decode"), end
+    assert_served_normally(capped_server)
+    assert log.tracebacks() == []
+
+
+def test_a_reset_while_queued_drops_the_request_without_prefill(capped_server):
+    log = LogCursor(capped_server)
+    with open_ws(capped_server) as holder:
         holder.send(generate("holder", max_new_tokens=400))
         until(holder, lambda e: e["type"] == "token")
-        sock = raw_ws(slow_server)
-        send_text(sock, generate("queued-1", max_new_tokens=400))
-        read_until(sock, b'"type": "queued"')
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-        wait_for_log(slow_server, start, "request queued-1 ended: cancelled (disconnect, in queued, 0 tokens)")
-    assert "Traceback" not in slow_server.log()[start:]
+        raw = raw_ws(capped_server)
+        raw.send_text(generate("queued-1", max_new_tokens=400))
+        raw.read_until("queued")
+        raw.reset()
+        end = log.wait_end("queued-1")
+    assert end_is(end, "cancelled", cause="disconnect", state="queued", tokens=0), end
+    assert log.tracebacks() == []
 
 
 # ---- who may connect -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("origin", [None, "http://evil.example", "null", "http://127.0.0.1:1"])
 def test_a_foreign_or_missing_origin_is_refused_with_403_before_any_model_work(fake_server, origin):
-    start = len(fake_server.log())
+    log = LogCursor(fake_server)
     with pytest.raises(InvalidStatus) as info:
         connect(fake_server.ws_url, origin=origin, open_timeout=WAIT_S)
     assert info.value.response.status_code == 403
-    assert "request" not in fake_server.log()[start:]
+    assert log.ended() == {} and log.events("request_refused") == [], "no frame may have reached the session"
 
 
 def test_a_rebinding_host_name_is_refused(fake_server):
@@ -293,16 +247,16 @@ def test_a_rebinding_host_name_is_refused(fake_server):
         urllib.request.urlopen(request, timeout=WAIT_S)
     assert info.value.code == 403
     evil = f"evil.example:{fake_server.port}"
-    sock, head = handshake(fake_server, host=evil, origin=f"http://{evil}")  # its own origin, so only Host can catch it
-    sock.close()
-    assert head.startswith(b"HTTP/1.1 403"), head
+    raw = RawClient(fake_server.port, browser_headers(fake_server, host=evil))  # its own origin: only Host can catch it
+    raw.close()
+    assert raw.status == 403, raw.response_headers
 
 
 def test_http_api_answers_over_the_live_server(fake_server):
     with urllib.request.urlopen(fake_server.url + "/api/model", timeout=WAIT_S) as r:
         assert json.load(r)["facts"]["context_window"] == 512
         assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
-    body = json.dumps({"messages": HI}).encode()
+    body = json.dumps({"messages": HELLO}).encode()
     request = urllib.request.Request(fake_server.url + "/api/prompt", data=body,
                                      headers={"Content-Type": "application/json", "Origin": fake_server.url})
     with urllib.request.urlopen(request, timeout=WAIT_S) as r:

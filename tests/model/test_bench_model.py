@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 from datetime import datetime, timezone
 
-import pytest
-
 from bench import runner as bench
 from bench.clients import InProcessClient
 from bench.report import print_report
@@ -14,7 +12,6 @@ from bench.stats import SCHEMA, validate
 from app.cli import build_parser
 
 
-@pytest.mark.model
 def test_small_bench_on_the_real_model(real_engine):
     args = build_parser().parse_args(["bench", "--prompt-lens", "40", "--output-lens", "8", "--concurrency", "1",
                                       "--repeats", "2", "--no-progress"])

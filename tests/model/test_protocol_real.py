@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from websockets.sync.client import connect
 
-pytestmark = pytest.mark.model
+from kvscope_testkit import TERMINAL
 
 WAIT_S = 120.0
-TERMINAL = {"finished", "cancelled", "error"}
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 from playwright.sync_api import expect
 
-from reliability_kit import Client, LogCursor, wait_until
-
-pytestmark = pytest.mark.browser
+from kvscope_testkit import Client, LogCursor, end_is
 
 RUN_TIMEOUT = 60_000  # ms, fake model on a shared 2-core machine
 EVIL = ['<img src=x onerror="window.__xss=1">', "<script>window.__xss=2</script>", '"><svg onload="window.__xss=3">']
@@ -109,9 +106,9 @@ def test_22_closing_the_tab_mid_answer_cancels_on_the_server_within_a_second(con
     rid = page.evaluate("window.__sentIds")[-1]
     closed_at = time.monotonic()
     page.close()
-    how = wait_until(lambda: log.ended().get(rid), f"the server to end {rid}", every=0.01)[-1]
+    how = log.wait_end(rid, every=0.01)
     cancel_s = time.monotonic() - closed_at
-    assert how.startswith("cancelled (disconnect, in decode"), how
+    assert end_is(how, "cancelled", cause="disconnect", state="decode"), how
     assert cancel_s < 1.0, f"the server took {cancel_s:.2f} s to cancel"
 
     again = context.new_page()

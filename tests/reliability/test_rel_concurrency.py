@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from kvscope_testkit import WAIT_S, Client, terminals
 from model_runner.fake import ANSWER
-from reliability_kit import WAIT_S, Client, terminals
 
 ORDER = ["accepted", "queued", "prefill_start", "prefill_end"]
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability_kit import WAIT_S, Client, LogCursor, terminals
+from kvscope_testkit import WAIT_S, Client, LogCursor, terminals
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import pytest
-
+from kvscope_testkit import Client, terminals
 from model_runner.fake import ANSWER
-from reliability_kit import Client, terminals
 
 MIXED = "Emoji 😀🧠👩‍👩‍👧, CJK 注意力と東京, RTL שלום עולם / مرحبا بالعالم, combining e\u0301."
 UNIT = "Caches keep keys 😀 and values 注意 for later, שלום مرحبا. "
@@ -37,7 +35,6 @@ def assert_stream_intact(events: list[dict]) -> str:
     return end["text"]
 
 
-@pytest.mark.model
 def test_20_unicode_and_a_10000_character_prompt_arrive_intact(fake_server, real_engine, inprocess_server, figures):
     # Fake model, live gunicorn server: the prompt as rendered holds the text byte for byte, and the
     # answer's emoji (four byte tokens, three of them pending) arrives whole.

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from reliability_kit import Client, LogCursor, terminals
+from kvscope_testkit import Client, LogCursor, terminals
 
 USER = {"role": "user", "content": "Say hello."}
 

@@ -84,9 +84,8 @@ def test_model_and_health_report_a_failed_load_with_its_reason():
     assert health.status_code == 503 and "no weights here" in health.get_json()["why"]
 
 
-def test_health_is_200_while_the_worker_lives_and_503_when_it_is_gone():
-    engine = Engine(EngineConfig(model="fake")).start()
-    engine.wait_ready(60)
+def test_health_is_200_while_the_worker_lives_and_503_when_it_is_gone(engine_factory):
+    engine = engine_factory("fake")
     client = make_app(engine).test_client()
     assert client.get("/healthz").status_code == 200
     engine.shutdown()
