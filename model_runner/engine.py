@@ -27,7 +27,7 @@ from .metrics import request_metrics
 from .prompt import plan
 from .request import GenerateParams
 from .sampler import Choice, choose, make_generator
-from .scheduler import Policy, Scheduler, StepPlan
+from .scheduler import Policy, Scheduler, StepPlan, Work
 from .sequence import Sequence, State
 from .stopping import StopChecker
 from .stream import RequestHandle
@@ -328,23 +328,33 @@ class Engine:
     def _postprocess(self, batch: StepPlan, logits: dict[int, torch.Tensor], now: float, step_ms: float) -> None:
         size = len(batch.work) + len(batch.recompute)
         for work in batch.work + batch.recompute:
-            seq = work.seq
-            if seq.state == State.DONE:  # ended by a cancel that raced the step: nothing more to say
+            if work.seq.state == State.DONE:  # ended by a failure or a race in this step: nothing more to say
                 continue
-            if work.kind == "prefill" and self._chunk_size(seq):
-                done = len(seq.prompt_ids) if not seq.uses_cache else seq.cached
-                seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done,
-                                                step_ms, seq.cached if seq.uses_cache else 0))
-            if not work.wants_logits:
-                continue
-            choice = choose(logits[id(work)], seq.params.sampling, seq.generator)
-            if work.kind == "prefill" and not seq.output_ids:
-                self._end_prefill(seq, choice, now, size)
-                self._accept_token(seq, choice, now, 0.0, size)
-            else:
-                if work.kind == "prefill":  # a resumed request's recompute: it decodes again from here
-                    self.scheduler.prefilled(seq)
-                self._accept_token(seq, choice, now, step_ms, size)
+            try:
+                self._postprocess_one(work, logits, now, step_ms, size)
+            except Exception as exc:  # one request's failure (sampling, detokenizing) ends it alone
+                log.error("postprocessing %s failed: %s", work.seq.id, exc)
+                log.debug("%s", traceback.format_exc())
+                with self._lock:
+                    self._end(work.seq, error=("internal", f"choosing the next token failed: {type(exc).__name__}: {exc}"))
+
+    def _postprocess_one(self, work: Work, logits: dict[int, torch.Tensor], now: float, step_ms: float,
+                         size: int) -> None:
+        seq = work.seq
+        if work.kind == "prefill" and self._chunk_size(seq):
+            done = seq.cached  # the chunk's end: the forward has just stored it
+            seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done,
+                                            step_ms, seq.cached))
+        if not work.wants_logits:
+            return
+        choice = choose(logits[id(work)], seq.params.sampling, seq.generator)
+        if work.kind == "prefill" and not seq.output_ids:
+            self._end_prefill(seq, choice, now, size)
+            self._accept_token(seq, choice, now, 0.0, size)
+            return
+        if work.kind == "prefill":  # a resumed request's recompute: it decodes again from here
+            self.scheduler.prefilled(seq)
+        self._accept_token(seq, choice, now, step_ms, size)
 
     def _end_prefill(self, seq: Sequence, choice: Choice, now: float, batch_size: int) -> None:
         self.scheduler.prefilled(seq)

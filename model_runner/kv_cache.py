@@ -102,6 +102,14 @@ class PagedKVPool:
             return True
         return self.cache.evict_cached_blocks() and self.cache.can_store_request_tokens(state, tokens)
 
+    def fits(self, seq: Sequence, tokens: int) -> bool:
+        """Whether `tokens` more positions of `seq` fit now (nothing is reserved); blocks kept only
+        for their prefix are given back if that makes the difference."""
+        state = _CacheState(seq)
+        if self.cache.can_store_request_tokens(state, tokens, dry_run=True):
+            return True
+        return self.cache.evict_cached_blocks() and self.cache.can_store_request_tokens(state, tokens, dry_run=True)
+
     def match_prefix(self, seq: Sequence) -> int:
         """Share the full blocks of a cached identical prompt prefix with `seq`; the tokens matched."""
         return self.cache.search_prefix_match(seq.key, seq.prompt_ids) if self.prefix_caching else 0

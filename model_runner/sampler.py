@@ -46,7 +46,10 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         probs = torch.softmax(logits, dim=-1)
         token = int(torch.argmax(logits))
     else:
-        probs = torch.softmax(_filter(logits / params.temperature, params), dim=-1)
+        # Shift by the maximum and divide in float64: with a tiny temperature (as small as 1e-300, which
+        # float32 rounds to 0) the result is then 0 and −inf, sampling tends to greedy, never a NaN.
+        scaled = ((logits.double() - logits.max()) / params.temperature).float()
+        probs = torch.softmax(_filter(scaled, params), dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator))
     top = torch.topk(probs, min(TOP_CANDIDATES, probs.numel()))
     candidates = [(int(i), float(p)) for p, i in zip(top.values, top.indices)]

@@ -56,6 +56,7 @@ class Policy:
 
 class BlockPool(Protocol):
     def reserve(self, seq: Sequence, tokens: int) -> bool: ...
+    def fits(self, seq: Sequence, tokens: int) -> bool: ...
     def free(self, seq: Sequence) -> int: ...
     def match_prefix(self, seq: Sequence) -> int: ...
 
@@ -184,47 +185,47 @@ class Scheduler:
     def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan,
                scheduled: set[Sequence]) -> None:
         """First come, first served: admit waiting requests while the batch, the budget and the pool
-        have room; the first that cannot be admitted keeps everyone behind it waiting."""
+        have room; the first that cannot be admitted keeps everyone behind it waiting. A request is
+        admitted only when the pool can hold its whole prompt now, so chunked prefill does not admit
+        requests that would preempt each other chunk by chunk."""
         static_closed = self.policy.batching == "static" and not was_empty
+        preempted_now = {seq for seq, _ in plan.preempted}
         for seq in list(self.waiting):
-            reason = self._cannot_admit(static_closed, budget)
-            if reason is None:
-                if seq.uses_cache and seq.cached == 0 and seq.preemptions == 0:
+            reason = self._cannot_admit(seq, static_closed, budget, preempted_now)
+            if reason is None and seq.uses_cache:
+                if seq.cached == 0 and seq.preemptions == 0:
                     seq.cached = seq.prefix_hit = pool.match_prefix(seq)
-                self.waiting.popleft()
-                was = seq.state
-                seq.state = State.PREFILL
-                self.running.append(seq)
-                taken = self._schedule_prefill(seq, budget, pool, plan, scheduled, may_preempt=False)
-                if seq not in scheduled:  # no blocks for its first chunk: back to the head of the line
-                    self._unadmit(seq, was, pool)
-                    reason = WAIT_BLOCKS
-                else:
-                    budget -= taken
-                    plan.admitted.append(seq)
-                    self.wait_reason.pop(seq, None)
-                    continue
-            # This one waits, and so does everyone behind it (first come, first served).
-            for i, behind in enumerate(self.waiting):
-                self.wait_reason[behind] = reason if i == 0 else WAIT_LINE
-            return
+                if not pool.fits(seq, len(seq.pending)):
+                    reason = WAIT_PREEMPTED if seq.state == State.PREEMPTED else WAIT_BLOCKS
+                elif self._chunk(seq, budget, first_in_step=not plan.work) == 0:
+                    reason = WAIT_SLOTS
+            if reason is not None:
+                self._undo_prefix_match(seq, pool)
+                for i, behind in enumerate(self.waiting):  # it waits, and so does everyone behind it
+                    self.wait_reason[behind] = reason if i == 0 else WAIT_LINE
+                return
+            self.waiting.popleft()
+            seq.state = State.PREFILL
+            self.running.append(seq)
+            budget -= self._schedule_prefill(seq, budget, pool, plan, scheduled, may_preempt=False)
+            plan.admitted.append(seq)
+            self.wait_reason.pop(seq, None)
 
-    def _cannot_admit(self, static_closed: bool, budget: int) -> str | None:
+    def _cannot_admit(self, seq: Sequence, static_closed: bool, budget: int,
+                      preempted_now: set[Sequence]) -> str | None:
+        if seq in preempted_now:  # just gave its blocks back: taking them again would undo that
+            return WAIT_PREEMPTED
         if static_closed:
             return WAIT_STATIC
-        if len(self.running) >= self.policy.max_num_seqs:
-            return WAIT_SLOTS
-        if budget <= 0:
+        if len(self.running) >= self.policy.max_num_seqs or budget <= 0:
             return WAIT_SLOTS
         return None
 
-    def _unadmit(self, seq: Sequence, was: State, pool: BlockPool) -> None:
-        self.running.remove(seq)
-        if seq.prefix_hit and seq.preemptions == 0:  # give back the shared prefix blocks it took
+    def _undo_prefix_match(self, seq: Sequence, pool: BlockPool) -> None:
+        """A request that stays waiting gives back the shared prefix blocks it was matched to."""
+        if seq.prefix_hit and seq.preemptions == 0 and seq.state == State.QUEUED:
             pool.free(seq)
             seq.cached = seq.prefix_hit = 0
-        seq.state = was
-        self.waiting.appendleft(seq)
 
     def _reserve_or_preempt(self, seq: Sequence, tokens: int, pool: BlockPool, plan: StepPlan,
                             scheduled: set[Sequence], may_preempt: bool = True) -> bool:

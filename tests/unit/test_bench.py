@@ -15,7 +15,6 @@ from bench.runner import QUICK, FULL, Grid, cells_of, fit_prompt, ratio_report, 
 from bench.clients import InProcessClient, Job, run_jobs
 from bench.stats import SCHEMA, describe, percentile, validate
 from app.cli import main
-from model_runner.engine import Engine, EngineConfig
 from model_runner.request import parse_generate
 
 
@@ -84,10 +83,9 @@ def test_prompt_below_the_template_is_the_shortest_one(fake_engine):
 # ---- failures, timeouts and cancellations are counted, never dropped -----------------------------
 
 @pytest.fixture
-def slow_engine(monkeypatch):
+def slow_engine(engine_factory, monkeypatch):
     """20 ms per model step; a prompt containing 'boom' makes the model's forward raise."""
-    engine = Engine(EngineConfig(model="fake:delay=20")).start()
-    engine.wait_ready(60)
+    engine = engine_factory("fake:delay=20")
     model = engine.loaded.model
     forward = model.forward
 
@@ -97,8 +95,7 @@ def slow_engine(monkeypatch):
         return forward(input_ids, past_key_values=past_key_values, **kwargs)
 
     monkeypatch.setattr(model, "forward", failing_forward)
-    yield engine
-    engine.shutdown()
+    return engine
 
 
 def ask(content="Tell me about caches.", **fields) -> dict:

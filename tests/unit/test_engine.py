@@ -304,3 +304,28 @@ def test_slow_consumer_is_dropped_with_a_reason(engine_factory):
     events = [e.to_dict() for e in handle]
     assert events[-1]["type"] == "cancelled" and events[-1]["cause"] == "slow_client"
     assert len(events) <= 8 + 1
+
+
+def test_a_vanishing_temperature_samples_like_greedy_instead_of_failing(fake_engine):
+    tiny = run_all(fake_engine, gen(max_new_tokens=200, sampling={"temperature": 1e-300, "seed": 1}), "tiny-t")
+    assert tiny[-1]["type"] == "finished" and tiny[-1]["text"] == ANSWER
+
+
+def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_factory, monkeypatch):
+    import model_runner.engine as engine_module
+    engine = engine_factory("fake:delay=20")
+    choose = engine_module.choose
+
+    def failing_choose(logits, sampling, generator):
+        if sampling.top_k == 7:  # the marked request
+            raise RuntimeError("injected sampling failure")
+        return choose(logits, sampling, generator)
+
+    monkeypatch.setattr(engine_module, "choose", failing_choose)
+    marked = engine.submit(gen(max_new_tokens=20, sampling={"temperature": 0.5, "top_k": 7}), "marked")
+    plain = engine.submit(gen(max_new_tokens=20), "plain")
+    marked_end, plain_end = [e.to_dict() for e in marked][-1], [e.to_dict() for e in plain][-1]
+    assert (marked_end["type"], marked_end["code"]) == ("error", "internal")
+    assert plain_end["type"] == "finished" and plain_end["text"] == ANSWER[:20]
+    ok, why = engine.health()
+    assert ok, why
