@@ -35,6 +35,7 @@ DEFAULTS = {
     # The paged KV pool (None = one full context window) and whether policies may change over HTTP
     # (None = only when listening on loopback).
     "KV_CACHE_MB": None,
+    "POLICY": {},  # scheduling policy changes from the default, e.g. {"max_num_seqs": 1} (see docs/protocol.md)
     "ALLOW_POLICY_CHANGES": None,
     "FEED_TEXT": False,  # prompt/answer text in the engine feed; off unless the teacher says so
 }

@@ -13,15 +13,28 @@ from model_runner.errors import UserError
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+def policy_of(args: argparse.Namespace) -> dict:
+    """The scheduling flags given, as policy changes (checked here, so a bad value stops in one line)."""
+    policy = {name: value for name, value in (("max_num_seqs", args.max_num_seqs), ("batching", args.batching),
+                                               ("prefix_caching", args.prefix_caching)) if value is not None}
+    if args.chunked_prefill:
+        policy.update(chunked_prefill=True, chunk_size=args.chunked_prefill)
+    engine_defaults.POLICY.updated(policy)
+    return policy
+
+
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
     loader.preflight(args.model, args.device, args.dtype)
+    policy = policy_of(args)
     config = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "BIND_HOST": args.host,
               "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout,
-              "MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb,
               # Each open WebSocket holds a thread: keep some free for page and API requests.
               "MAX_SOCKETS": max(1, args.threads - 32)}
+    # Flags given on the command line win; the others leave the KVSCOPE_* environment and defaults alone.
+    given = {"MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb, "POLICY": policy or None}
+    config.update({key: value for key, value in given.items() if value is not None})
 
     class KvscopeServer(BaseApplication):
         def load_config(self):
@@ -58,10 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument("--timeout", type=float, default=engine_defaults.TIMEOUT_S,
                    help=f"server-side limit per request, seconds (default {engine_defaults.TIMEOUT_S:g})")
-    s.add_argument("--max-queue", type=int, default=engine_defaults.MAX_QUEUE,
+    s.add_argument("--max-queue", type=int,
                    help=f"requests that may wait at once; more are answered 'overloaded' (default {engine_defaults.MAX_QUEUE})")
+    default = engine_defaults.POLICY
+    s.add_argument("--max-num-seqs", type=int, metavar="N",
+                   help=f"requests in the running batch at once; 1 = one at a time (default {default.max_num_seqs})")
+    s.add_argument("--batching", choices=("continuous", "static"),
+                   help=f"continuous: admit whenever a place frees; static: when the batch has finished (default {default.batching})")
+    s.add_argument("--chunked-prefill", type=int, metavar="TOKENS",
+                   help="split prompts into chunks of this many tokens that share steps with decodes (default off)")
+    s.add_argument("--prefix-caching", action="store_const", const=True,
+                   help="share the KV blocks of identical prompt prefixes between requests (default off)")
     s.add_argument("--kv-cache-mb", type=float, default=None, metavar="MIB",
-                   help="size of the paged KV cache pool in MiB (default: room for one full context window)")
+                   help="size of the paged KV cache pool in MiB (default: room for one full context window, at least 4,096 positions)")
     s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                    help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed")
     s.set_defaults(func=serve)

@@ -4,6 +4,7 @@ full prefix blocks between requests (reference-counted by transformers' block le
 for them: blocks held, bytes reserved, bytes used (measured from the tensor and by the formula)."""
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from .kv_math import kv_cache_bytes
 from .sequence import Sequence
 
 FULL = "full_attention"  # the allocator of full-attention layers (every layer of a Llama)
+# transformers logs its cache sizing at INFO on every pool made; kvscope reports the pool itself.
+logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
 
 
 def blocks_for_megabytes(megabytes: float, facts, block_size: int) -> int:
@@ -25,10 +28,14 @@ def blocks_for_megabytes(megabytes: float, facts, block_size: int) -> int:
     return int(megabytes * 2**20 // (facts.kv_bytes_per_token * block_size))
 
 
+MIN_DEFAULT_POSITIONS = 4096  # small-window models (the 512-token test model) still batch a class's requests
+
+
 def default_blocks(facts, block_size: int) -> int:
-    """Room for one full context window: the longest request always fits, and shorter ones share
-    the pool (16 requests of 512 tokens for SmolLM2's 8,192-token window)."""
-    return math.ceil(facts.context_window / block_size)
+    """Room for one full context window (at least 4,096 positions): the longest request always
+    fits, and shorter ones share the pool (16 requests of 512 tokens for SmolLM2's 8,192-token
+    window: 360 MiB in float32)."""
+    return math.ceil(max(facts.context_window, MIN_DEFAULT_POSITIONS) / block_size)
 
 
 @dataclass(frozen=True)

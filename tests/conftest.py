@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from app import FRAME_LIMIT
-from kvscope_testkit import (ARTIFACTS, CHROMIUM, PING_INTERVAL_S, SEND_TIMEOUT_S, InProcessServer, LiveServer,
-                             Pool, start_engine, start_live_server, stop_engine)
+from kvscope_testkit import (ARTIFACTS, CHROMIUM, InProcessServer, LiveServer,
+                             Pool, slow_server_env, start_engine, start_live_server, stop_engine)
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "live", "browser", "model", "reliability")
@@ -100,10 +99,7 @@ real_server = config_of("live_server", "default")
 # The fake model at 30 ms per step, so a request is still running when a test misbehaves at it;
 # pings every few seconds and a 1 s send limit, so half-open and non-reading clients are found out
 # within the test's time. Same frame limit as the default.
-slow_server = config_of("live_server", "fake:delay=30", env={
-    "KVSCOPE_SOCK_SERVER_OPTIONS": json.dumps({"max_message_size": FRAME_LIMIT, "ping_interval": PING_INTERVAL_S}),
-    "KVSCOPE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
-})
+slow_server = config_of("live_server", "fake:delay=30", env=slow_server_env())
 fake_engine = config_of("shared_engine", "fake")
 real_engine = config_of("shared_engine", "default")
 

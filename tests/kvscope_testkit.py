@@ -44,6 +44,15 @@ TERMINAL = frozenset({"finished", "cancelled", "error"})
 HELLO = [{"role": "user", "content": "Say hello."}]
 PING_INTERVAL_S = 3  # the slow server's pings: a silent client is closed after about two intervals
 SEND_TIMEOUT_S = 1  # the slow server's send limit: a client that stops reading is dropped after it
+ONE_AT_A_TIME = json.dumps({"max_num_seqs": 1})  # KVSCOPE_POLICY for servers whose tests need a queue
+
+
+def slow_server_env(**extra: str) -> dict[str, str]:
+    """The slow server's settings: pings every few seconds and a 1 s send limit, so half-open and
+    non-reading clients are found out within a test's time; the default frame limit."""
+    from app import FRAME_LIMIT
+    return {"KVSCOPE_SOCK_SERVER_OPTIONS": json.dumps({"max_message_size": FRAME_LIMIT, "ping_interval": PING_INTERVAL_S}),
+            "KVSCOPE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S), **extra}
 
 
 def ready_timeout(model: str) -> float:

@@ -18,8 +18,9 @@ WAIT_S = 60.0  # deadline for conditions that hold in well under a second; never
 
 @pytest.fixture
 def capped_server(live_server):
-    """The fake model at 40 ms per step (a request decodes for seconds) and a queue cap of 4."""
-    return live_server("fake:delay=40", env={"KVSCOPE_MAX_QUEUE": "4"})
+    """The fake model at 40 ms per step (a request decodes for seconds), one request at a time (so
+    the next ones wait, as they do whenever the batch is full) and a queue cap of 4."""
+    return live_server("fake:delay=40", env={"KVSCOPE_MAX_QUEUE": "4", "KVSCOPE_POLICY": '{"max_num_seqs": 1}'})
 
 
 def open_ws(server, **kwargs):
@@ -102,7 +103,7 @@ CASES = {
     "malformed JSON": ('{"type": "generate", ', None, "invalid_json", None, "not valid JSON"),
     "binary frame": (b'{"type": "generate"}', None, "invalid_json", None, "binary"),
     "JSON that is not an object": ("[1, 2, 3]", None, "invalid_json", None, "JSON object"),
-    "unknown type": ({"type": "summon", "request_id": "v"}, None, "invalid_request", "type", "'generate' or 'cancel'"),
+    "unknown type": ({"type": "summon", "request_id": "v"}, None, "invalid_request", "type", "'generate', 'cancel', 'subscribe' or 'unsubscribe'"),
     "missing type": ({"request_id": "v", "messages": HELLO}, None, "invalid_request", "type", "got None"),
     "missing request_id": ({"type": "generate", "messages": HELLO}, None, "invalid_request", "request_id", "1 to 64"),
     "wrong-typed request_id": ({**GOOD, "request_id": 12}, None, "invalid_request", "request_id", "got 12"),

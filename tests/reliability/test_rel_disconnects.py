@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from kvscope_testkit import (PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code,
-                             end_is, generate_frame, server_holds_connection, terminals, wait_until)
+from kvscope_testkit import (ONE_AT_A_TIME, PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code,
+                             end_is, generate_frame, server_holds_connection, slow_server_env, terminals, wait_until)
 from model_runner.request import parse_generate
 
 FULL_ANSWER_TOKENS = 91  # the fake model's whole answer, eos included
@@ -151,7 +151,9 @@ def test_13_two_hundred_abandoned_requests_leave_the_server_ready_at_once(slow_s
                      "fresh_ttft_ms_before": before["ttft_ms"], "fresh_ttft_ms_after": after["ttft_ms"]}
 
 
-def test_14_more_requests_than_the_queue_cap_get_overloaded_at_once(slow_server, figures):
+def test_14_more_requests_than_the_queue_cap_get_overloaded_at_once(live_server, figures):
+    # One request at a time, so the queue fills as it does whenever the batch is full.
+    slow_server = live_server("fake:delay=30", env=slow_server_env(KVSCOPE_POLICY=ONE_AT_A_TIME))
     cap, per_socket, sockets = 64, 4, 17  # 68 requests: one runs, 64 wait, the rest are refused
     log = LogCursor(slow_server)
     # The first request reads its prompt one token per step, so it is still running at the end.
