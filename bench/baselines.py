@@ -227,3 +227,51 @@ def fractions(est: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
         return None if x is None else round(x / ceiling, 4)
     return {**est, "prefill_fraction_of_matmul": part(est["prefill_gflop_per_s"], ceilings["matmul_gflop_per_s"]),
             "decode_fraction_of_copy": part(est["decode_gb_per_s"], ceilings["copy_gb_per_s"])}
+
+
+# ---- transformers' own continuous batching -------------------------------------------------------
+
+@dataclass
+class BatchRun:
+    """transformers' ContinuousBatchingManager on a list of prompts: tokens per prompt (input order);
+    `wall_s`, its generation span (the first request created -> the last one finished, as the
+    manager stamps them), and `call_s`, the whole `generate_batch` call (manager start and stop too)."""
+    token_ids: list[list[int]]
+    wall_s: float
+    call_s: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def generate_batch_unavailable(model) -> str | None:
+    """Why transformers' generate_batch cannot run on this model (the scripted test model), or None."""
+    if not hasattr(model, "generate_batch"):
+        return "this model has no transformers generate_batch() (the fake test model)"
+    return None
+
+
+def hf_generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: frozenset[int],
+                      num_blocks: int, block_size: int, max_batch_tokens: int) -> BatchRun:
+    """transformers' continuous batching (`model.generate_batch`), greedy, with the engine's page size,
+    pool size and token budget (on a CPU both must be given: its defaults size them for a GPU)."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    eos = sorted(eos_ids)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
+    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                                  allow_block_sharing=False)
+    t0 = now()
+    out = model.generate_batch([list(p) for p in prompts], generation_config=config, continuous_batching_config=cb,
+                               max_new_tokens=max_new_tokens)
+    call = now() - t0
+    if len(out) != len(prompts):
+        raise RuntimeError(f"generate_batch returned {len(out)} results for {len(prompts)} prompts")
+    results = list(out.values())
+    failed = [o.error for o in results if o.error]
+    if failed:
+        raise RuntimeError(f"generate_batch: {len(failed)} requests failed: {failed[0]}")
+    # perf_counter stamps; after the last request finishes the call still polls and stops its thread
+    span = max(o.lifespan[1] for o in results) - min(o.created_time for o in results)
+    return BatchRun([list(o.generated_tokens) for o in results], span if span > 0 else call, call)

@@ -21,9 +21,11 @@ STALL_S = 900.0  # a client gives up when no event at all arrives for this long 
 
 @dataclass(frozen=True)
 class Job:
-    """One client's request: a `generate` payload, and optionally a cancel after some tokens."""
+    """One client's request: a `generate` payload, optionally a cancel after some tokens, and when
+    it arrives: `delay_s` after the clients are released together (0 = at once)."""
     payload: dict
     cancel_after_tokens: int | None = None
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -43,6 +45,8 @@ class RequestRecord:
     step_ms: list[float] = field(default_factory=list)
     end_at: float | None = None
     server_metrics: dict | None = None
+    prefix_hit_tokens: int = 0  # prompt tokens the engine took from its prefix cache (prefill_start)
+    preemptions: int = 0  # times the engine preempted it (preempted events)
 
     # ---- what the client saw (None when it never saw it) -------------------------------------
 
@@ -104,6 +108,10 @@ class RequestRecord:
             self.prompt_tokens = event.prompt_tokens
             if self.server_zero is not None:
                 self.accepted_lag_ms = (at - self.server_zero) * 1000 - event.t_ms
+        elif kind == "prefill_start":
+            self.prefix_hit_tokens += getattr(event, "cached_tokens", 0) or 0
+        elif kind == "preempted":
+            self.preemptions += 1
         elif kind == "token":
             self.token_at.append(at)
             self.token_t_ms.append(event.t_ms)
@@ -253,16 +261,27 @@ def _due(job: Job, record: RequestRecord) -> bool:
     return job.cancel_after_tokens is not None and len(record.token_ids) >= job.cancel_after_tokens
 
 
+class _Arrival:
+    """The clients' common start, then this client's own delay before it sends."""
+
+    def __init__(self, go: threading.Barrier, delay_s: float):
+        self.go, self.delay_s = go, delay_s
+
+    def wait(self) -> None:
+        self.go.wait()
+        time.sleep(self.delay_s)
+
+
 def run_jobs(client: Client, jobs: list[Job], prefix: str) -> tuple[list[RequestRecord], float]:
-    """Run the jobs as concurrent clients, released together; (records in job order, wall seconds
-    from the first send to the last terminal event)."""
+    """Run the jobs as concurrent clients, released together (each then waits its job's delay_s);
+    (records in job order, wall seconds from the first send to the last terminal event)."""
     records: list[RequestRecord | None] = [None] * len(jobs)
     go = threading.Barrier(len(jobs), timeout=120)  # a client that dies before sending breaks it, not hangs it
 
     def one(i: int) -> None:
         rid = f"{prefix}-{i}"
         try:
-            records[i] = client.run(jobs[i], rid, go)
+            records[i] = client.run(jobs[i], rid, _Arrival(go, jobs[i].delay_s) if jobs[i].delay_s > 0 else go)
         except Exception as exc:  # a client bug still yields a counted failure, not a lost request
             record = RequestRecord(rid)
             record.fail("client_error", f"{type(exc).__name__}: {exc}")

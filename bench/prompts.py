@@ -33,17 +33,24 @@ class Prompt:
         return len(self.ids)
 
 
-def prompt_text(words: int) -> str:
-    """The first `words` words of the instruction followed by the notes, cycled."""
-    pool = INSTRUCTION.split() + [NOTES[i % len(NOTES)] for i in range(max(0, words))]
-    return " ".join(pool[:max(1, words)])
+VARIANT_STRIDE = 11  # words the notes move on per prompt variant, so variants differ early
 
 
-def fit_prompt(describe: Callable[[Any], dict], target: int) -> Prompt:
+def prompt_text(words: int, variant: int = 0, suffix: str = "") -> str:
+    """The first `words` words of the instruction followed by the notes, cycled (from word
+    variant x VARIANT_STRIDE of the notes, so each variant is a different prompt), then `suffix`."""
+    start = variant * VARIANT_STRIDE
+    pool = INSTRUCTION.split() + [NOTES[(start + i) % len(NOTES)] for i in range(max(0, words))]
+    return " ".join(pool[:max(1, words)]) + (f" {suffix}" if suffix else "")
+
+
+def fit_prompt(describe: Callable[[Any], dict], target: int, variant: int = 0, suffix: str = "") -> Prompt:
     """The longest prompt (template included) of at most `target` tokens; the shortest one when even
-    one word is over. Binary search over the word count: tokens only grow as words are added."""
+    one word is over. Binary search over the word count: tokens only grow as words are added.
+    Prompts with the same variant and different suffixes share their beginning (a common document
+    with different questions after it)."""
     def tokens(words: int) -> tuple[int, list[int]] | None:
-        messages = [{"role": "user", "content": prompt_text(words)}]
+        messages = [{"role": "user", "content": prompt_text(words, variant, suffix)}]
         try:
             view = describe(parse_generate({"messages": messages, "max_new_tokens": 1}))
         except UserError:  # longer than the content limit or the context window
@@ -60,4 +67,4 @@ def fit_prompt(describe: Callable[[Any], dict], target: int) -> Prompt:
     fitted = tokens(low)
     if fitted is None:
         raise UserError("not even a one-word prompt fits this model's context window", field="prompt_lens")
-    return Prompt(target, [{"role": "user", "content": prompt_text(low)}], fitted[1])
+    return Prompt(target, [{"role": "user", "content": prompt_text(low, variant, suffix)}], fitted[1])

@@ -57,9 +57,15 @@ def ratio_report(comparisons: list[dict], cells: list[dict], delivery: tuple[lis
 
 
 def _judged(key: str, text: str, values: dict, value: float | None, lower: float | None = None) -> dict:
-    """A ratio beside its target. With bounds (delivery over a socket) it is met when the upper
-    bound meets the target, missed when even the lower bound misses it, and undecided between."""
-    direction, target = TARGETS.get(key, (None, None))
+    return judged(text, values, value, TARGETS.get(key), lower)
+
+
+def judged(text: str, values: dict, value: float | None, goal: tuple[str, float] | None,
+           lower: float | None = None) -> dict:
+    """A ratio beside its goal ("max" or "min", target). With bounds (delivery over a socket) it is
+    met when the upper bound meets the target, missed when even the lower bound misses it, and
+    undecided between."""
+    direction, target = goal or (None, None)
     lower = value if lower is None else lower
     met = None
     if target is not None and value is not None:
@@ -69,3 +75,35 @@ def _judged(key: str, text: str, values: dict, value: float | None, lower: float
         return None if x is None else round(x, 4)
     return {"what": text, "target": target, "direction": direction, "value": r(value), "value_lower": r(lower),
             "spread": values, "met": met}
+
+
+# ---- continuous batching: runs of a set of requests, and their outputs compared -----------------
+
+def run_summary(records: list[RequestRecord], wall: float, counters: dict) -> dict:
+    """One run of a set of requests: tokens/s = output tokens of the completed ones / (first send ->
+    last terminal event), with the engine's own counters over the run."""
+    ok = [r for r in records if r.outcome == "completed"]
+    tokens = sum(len(r.token_ids) for r in ok)
+    return {"requests": len(records), "completed": len(ok), "output_tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 3) if wall > 0 and tokens else None, **counters,
+            "totals": totals(records)}
+
+
+def outputs(records: list[RequestRecord]) -> list[list[int] | None]:
+    return [r.token_ids if r.outcome == "completed" else None for r in records]
+
+
+def greedy_equality(got: list[list[int] | None], reference: list[list[int] | None]) -> dict:
+    """Request by request: how many of the pairs that both completed are token-for-token identical,
+    and where the others first differ (token index)."""
+    identical, compared, diffs = 0, 0, []
+    for i, (a, b) in enumerate(zip(got, reference)):
+        if a is None or b is None:
+            continue
+        compared += 1
+        if a == b:
+            identical += 1
+        else:
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diffs.append({"request": i, "token": k})
+    return {"identical": identical, "compared": compared, "first_diff": diffs}

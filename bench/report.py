@@ -30,11 +30,12 @@ def finish(report: dict, args: argparse.Namespace, started_at: datetime, out: Te
     return 1 if report["totals"]["errors"] else 0
 
 
-def write_json(report: dict, path: str | None, started_at: datetime) -> Path:
-    problems = validate(report, SCHEMA)
+def write_json(report: dict, path: str | None, started_at: datetime, schema: dict = SCHEMA,
+               name: str = "bench") -> Path:
+    problems = validate(report, schema)
     if problems:  # a bug in the bench, not in the engine: say so rather than write a broken file
         raise RuntimeError("bench output does not match its schema:\n  " + "\n  ".join(problems[:20]))
-    target = Path(path or f"bench-{started_at.strftime('%Y%m%d-%H%M%S')}.json")
+    target = Path(path or f"{name}-{started_at.strftime('%Y%m%d-%H%M%S')}.json")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
     return target

@@ -62,6 +62,19 @@ def add_parser(subparsers) -> None:
     b.add_argument("--json", metavar="PATH", help="where to write the results (default bench-YYYYMMDD-HHMMSS.json)")
     b.add_argument("--plot", metavar="PNG", help="draw TTFT vs prompt length and ITL distributions (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    b.add_argument("--kv-cache-mb", type=float, help="the in-process engine's KV pool in MiB (default: one context "
+                   "window); small pools show preemptions")
+    c = b.add_argument_group("continuous batching (instead of the grid; in-process, see docs/performance.md)")
+    c.add_argument("--batching", action="store_true", help="aggregate tokens/s of --concurrency clients (default "
+                   "8,16) batched vs the same requests one at a time (max_num_seqs=1) vs transformers' "
+                   "generate_batch, greedy equality, and a lone client's step vs the bare loop; one --prompt-lens "
+                   "(default 64) and --output-lens (default 32), --repeats (default 1)")
+    c.add_argument("--class", dest="class_scenario", action="store_true", help="the class scenario: 16 clients, "
+                   "mixed short/long prompts and answers, all at once and with seeded random arrivals, batched vs "
+                   "one at a time: TTFT/TPOT/ITL p50/p95/p99, preemptions, prefix-cache hits, failures")
+    c.add_argument("--seed", type=int, default=0, help="the class scenario's mix order and arrival times (default 0)")
+    c.add_argument("--arrival-s", type=float, default=4.0, help="the class scenario's arrivals spread over this "
+                   "many seconds (default 4)")
     b.set_defaults(func=run_bench)
 
 
@@ -91,6 +104,7 @@ def command_line(args: argparse.Namespace, grid: Grid) -> str:
     parts += [f"--timeout {args.timeout:g}"] if args.timeout else []
     parts += ["--no-baselines"] if args.no_baselines else []
     parts += ["--no-cache-probe"] if args.no_cache_probe else []
+    parts += [f"--kv-cache-mb {args.kv_cache_mb:g}"] if getattr(args, "kv_cache_mb", None) else []
     return " ".join(parts)
 
 
@@ -113,6 +127,9 @@ def _load() -> list[float] | None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "batching", False) or getattr(args, "class_scenario", False):
+        from .batching import run_batching
+        return run_batching(args)
     grid = grid_from(args)
     started_at, t0 = datetime.now(timezone.utc), time.monotonic()
     print(f"kvscope bench: loading {args.model} ({'over ' + args.via_websocket if args.via_websocket else 'in-process'})",

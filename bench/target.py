@@ -26,8 +26,8 @@ def open_target(args: argparse.Namespace, max_clients: int) -> Target:
     if args.via_websocket:
         return _websocket_target(args)
     from model_runner.engine import Engine, EngineConfig
-    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                                 max_queue=max(64, max_clients), timeout_s=600.0)).start()
+    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_queue=max(64, max_clients),
+                                 timeout_s=600.0, kv_cache_mb=getattr(args, "kv_cache_mb", None))).start()
     try:
         engine.wait_ready(900)
     except RuntimeError as exc:

@@ -36,3 +36,12 @@ def test_the_checker_sees_late_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from app.cli import main\n    import bench.runner\n")
     assert imported_packages(module) == {"app", "bench"}
+
+
+def test_the_readme_names_every_module_in_what_runs_where():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## What runs where"):readme.index("## Tests")]
+    modules = [path for package in ("app", "bench", "model_runner", "scripts") for path in (ROOT / package).glob("*.py")]
+    modules += [path for path in (ROOT / "static/js/shared").glob("*.js")]
+    missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.name}`" not in section)
+    assert not missing, f"README's 'What runs where' does not name: {missing}"
