@@ -171,7 +171,7 @@ def parse_generate(data: Any) -> GenerateParams:
     """Validate an untrusted `generate` payload; raise UserError naming the first bad field."""
     if not isinstance(data, dict):
         raise UserError("a generate request must be a JSON object", field=None)
-    return GenerateParams(
+    params = GenerateParams(
         messages=_messages(data),
         max_new_tokens=_int_in(data, "max_new_tokens", 1, LIMITS["max_new_tokens"], 128),
         sampling=_sampling(data),
@@ -182,3 +182,8 @@ def parse_generate(data: Any) -> GenerateParams:
         overflow=_choice(data, "overflow", OVERFLOW_POLICIES, "reject"),
         timeout_s=_timeout(data),
     )
+    if params.prefill_chunk and not params.kv_cache:
+        raise UserError("`prefill_chunk` needs the KV cache: each chunk of the prompt attends to the keys and "
+                        "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
+                        field="prefill_chunk")
+    return params

@@ -419,7 +419,7 @@ def test_exactly_one_terminal_event_each_under_random_submits_and_cancels(engine
         fields = {"max_new_tokens": rng.randint(1, 5)}
         if rng.random() < 0.15:
             fields["kv_cache"] = False
-        if rng.random() < 0.2:
+        elif rng.random() < 0.2:  # chunks need the cache
             fields["prefill_chunk"] = rng.choice([8, 16])
         handles.append(engine.submit(gen(content, system=SHORT_SYSTEM, **fields), f"s{i}"))
         plans.append(fields)

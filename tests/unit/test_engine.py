@@ -329,3 +329,9 @@ def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_fac
     assert plain_end["type"] == "finished" and plain_end["text"] == ANSWER[:20]
     ok, why = engine.health()
     assert ok, why
+
+
+def test_chunked_prefill_without_a_kv_cache_is_refused_naming_the_field():
+    with pytest.raises(UserError) as info:
+        gen(kv_cache=False, prefill_chunk=16)
+    assert info.value.field == "prefill_chunk" and "kv_cache" in info.value.message

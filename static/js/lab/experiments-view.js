@@ -161,8 +161,11 @@ const DRAW = {
       kinds: [{ kind: 'queue', label: 'waiting' }, { kind: 'prefill', label: 'prefill' }, { kind: 'decode', label: 'decode' }],
     });
     summary(card, rows.map((r) => (r.maxAhead > 0
-      ? `${r.label} waited in the queue (position ${r.positions.join(' → ')}, ${r.maxAhead} ahead) for ${ms(r.queueMs)} before its prefill.`
-      : `${r.label} started at once (queue wait ${ms(r.queueMs)}).`)).join(' ') + ' Measured.');
+      ? `${r.label} waited in the queue (position ${r.positions.join(' → ')}, ${r.maxAhead} ahead) for ${ms(r.queueMs)} before its prefill`
+      : `${r.label} started at once (queue wait ${ms(r.queueMs)})`)
+      + (r.sharedSteps > 0
+        ? `; ${r.sharedSteps} of its decode steps computed the other request's token in the same forward pass (up to ${r.maxBatch} requests a step).`
+        : '; none of its decode steps was shared.')).join(' ') + ' Measured.');
   },
 };
 

@@ -61,7 +61,7 @@ export const EXPERIMENTS = {
   },
   concurrent: {
     title: 'two at once',
-    // B is sent the moment the server has accepted A, so B is reliably the one that waits.
+    // B is sent the moment the server has accepted A, so A is running when B arrives.
     staggered: true,
     plan: () => [
       { label: 'A', payload: request(COUNTING, { max_new_tokens: 24 }) },
@@ -182,6 +182,9 @@ export function analyseConcurrent(results) {
     maxAhead: Math.max(0, ...run.queuedSeen.map((q) => q.ahead)),
     positions: run.queuedSeen.map((q) => q.position),
     queueMs: eventOf(run, EVENT.PREFILL_START)?.t_ms ?? null,
+    // Decode steps whose forward pass also computed another request's token (batch_size > 1).
+    sharedSteps: tokenEvents(run).filter((e) => e.index > 0 && e.batch_size > 1).length,
+    maxBatch: Math.max(1, ...tokenEvents(run).map((e) => e.batch_size)),
     status: run.status,
   }));
   return { lanes, rows };
