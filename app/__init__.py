@@ -3,6 +3,7 @@
 Configuration comes from DEFAULTS, then KVSCOPE_* environment variables (values parsed as JSON
 where they are JSON, e.g. KVSCOPE_ALLOWED_ORIGINS='["http://lab.example:8000"]'), then `test_config`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,6 +58,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
     from . import api, engine_ext, pages, security, ws
+
     engine_ext.init_app(app)
     security.init_app(app)
     app.register_blueprint(pages.bp)

@@ -2,6 +2,7 @@
 
 Every error answer is `{code, field, message}`, the same shape as the WebSocket `error` event.
 """
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, request
@@ -16,8 +17,14 @@ from .security import is_loopback, origin_refusal
 
 bp = Blueprint("api", __name__)
 
-STATUS_FOR_CODE = {"model_loading": 503, "model_failed": 503, "overloaded": 503, "internal": 500, "too_large": 413,
-                   "forbidden": 403}
+STATUS_FOR_CODE = {
+    "model_loading": 503,
+    "model_failed": 503,
+    "overloaded": 503,
+    "internal": 500,
+    "too_large": 413,
+    "forbidden": 403,
+}
 
 
 @bp.errorhandler(UserError)
@@ -38,8 +45,14 @@ def model():
     engine = get_engine()
     state = engine.status()
     facts = engine.facts if state["status"] == "ready" else None
-    return jsonify({"status": state["status"], "reason": state.get("reason"),
-                    "facts": facts.to_dict() if facts is not None else None, "limits": LIMITS})
+    return jsonify(
+        {
+            "status": state["status"],
+            "reason": state.get("reason"),
+            "facts": facts.to_dict() if facts is not None else None,
+            "limits": LIMITS,
+        }
+    )
 
 
 @bp.post("/api/prompt")
@@ -75,8 +88,11 @@ def engine_policy():
     if allowed is None:
         allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
     if not allowed:
-        raise UserError("scheduling policies can be changed only on a server that listens on loopback "
-                        "(or started with ALLOW_POLICY_CHANGES)", code="forbidden")
+        raise UserError(
+            "scheduling policies can be changed only on a server that listens on loopback "
+            "(or started with ALLOW_POLICY_CHANGES)",
+            code="forbidden",
+        )
     changes = parse_json_object(request.get_data(as_text=True))
     return jsonify({"policy": get_engine().set_policy(**changes).to_dict()})
 

@@ -1,5 +1,6 @@
 """The `kvscope` command: `serve` runs the page and the model under gunicorn (one worker, since the
 model lives in the process; gthread threads, one per open WebSocket), `bench` measures the phases."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,8 @@ import logging
 import sys
 
 from bench.runner import add_parser as add_bench_parser
-from model_runner import config as engine_defaults, loader
+from model_runner import config as engine_defaults
+from model_runner import loader
 from model_runner.errors import UserError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -15,8 +17,15 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 def policy_of(args: argparse.Namespace) -> dict:
     """The scheduling flags given, as policy changes (checked here, so a bad value stops in one line)."""
-    policy = {name: value for name, value in (("max_num_seqs", args.max_num_seqs), ("batching", args.batching),
-                                               ("prefix_caching", args.prefix_caching)) if value is not None}
+    policy = {
+        name: value
+        for name, value in (
+            ("max_num_seqs", args.max_num_seqs),
+            ("batching", args.batching),
+            ("prefix_caching", args.prefix_caching),
+        )
+        if value is not None
+    }
     if args.chunked_prefill:
         policy.update(chunked_prefill=True, chunk_size=args.chunked_prefill)
     engine_defaults.POLICY.updated(policy)
@@ -28,10 +37,17 @@ def serve(args: argparse.Namespace) -> int:
 
     loader.preflight(args.model, args.device, args.dtype)
     policy = policy_of(args)
-    config = {"MODEL": args.model, "DEVICE": args.device, "DTYPE": args.dtype, "BIND_HOST": args.host,
-              "PORT": args.port, "ALLOWED_ORIGINS": args.allow_origin or [], "TIMEOUT_S": args.timeout,
-              # Each open WebSocket holds a thread: keep some free for page and API requests.
-              "MAX_SOCKETS": max(1, args.threads - 32)}
+    config = {
+        "MODEL": args.model,
+        "DEVICE": args.device,
+        "DTYPE": args.dtype,
+        "BIND_HOST": args.host,
+        "PORT": args.port,
+        "ALLOWED_ORIGINS": args.allow_origin or [],
+        "TIMEOUT_S": args.timeout,
+        # Each open WebSocket holds a thread: keep some free for page and API requests.
+        "MAX_SOCKETS": max(1, args.threads - 32),
+    }
     # Flags given on the command line win; the others leave the KVSCOPE_* environment and defaults alone.
     given = {"MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb, "POLICY": policy or None}
     config.update({key: value for key, value in given.items() if value is not None})
@@ -39,21 +55,34 @@ def serve(args: argparse.Namespace) -> int:
     class KvscopeServer(BaseApplication):
         def load_config(self):
             host = f"[{args.host}]" if ":" in args.host else args.host
-            for key, value in {"bind": f"{host}:{args.port}", "workers": 1, "worker_class": "gthread",
-                               "threads": args.threads, "timeout": 0, "graceful_timeout": 5,
-                               "accesslog": None, "loglevel": "warning"}.items():
+            for key, value in {
+                "bind": f"{host}:{args.port}",
+                "workers": 1,
+                "worker_class": "gthread",
+                "threads": args.threads,
+                "timeout": 0,
+                "graceful_timeout": 5,
+                "accesslog": None,
+                "loglevel": "warning",
+            }.items():
                 self.cfg.set(key, value)
 
         def load(self):
             from app import create_app
+
             return create_app(config)
 
     if args.host not in LOOPBACK:
-        print(f"kvscope: WARNING: listening on {args.host}: anyone who can reach this machine on port {args.port} "
-              "can use the page and the model. Use it on a classroom network you trust.", file=sys.stderr)
-    print(f"kvscope: serving on http://{'localhost' if args.host in LOOPBACK else args.host}:{args.port}/ "
-          f"(model {args.model}, device {args.device}, dtype {args.dtype}); the page works while the model loads",
-          flush=True)
+        print(
+            f"kvscope: WARNING: listening on {args.host}: anyone who can reach this machine on port {args.port} "
+            "can use the page and the model. Use it on a classroom network you trust.",
+            file=sys.stderr,
+        )
+    print(
+        f"kvscope: serving on http://{'localhost' if args.host in LOOPBACK else args.host}:{args.port}/ "
+        f"(model {args.model}, device {args.device}, dtype {args.dtype}); the page works while the model loads",
+        flush=True,
+    )
     KvscopeServer().run()
     return 0
 
@@ -64,28 +93,62 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the page and the model")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for a classroom)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--model", default="default",
-                   help="'default' (bundled SmolLM2-135M-Instruct), a local transformers folder, or a hub id in your cache")
+    s.add_argument(
+        "--model",
+        default="default",
+        help="'default' (bundled SmolLM2-135M-Instruct), a local transformers folder, or a hub id in your cache",
+    )
     s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     s.add_argument("--dtype", default="auto", help="auto (bf16/fp16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
-    s.add_argument("--timeout", type=float, default=engine_defaults.TIMEOUT_S,
-                   help=f"server-side limit per request, seconds (default {engine_defaults.TIMEOUT_S:g})")
-    s.add_argument("--max-queue", type=int,
-                   help=f"requests that may wait at once; more are answered 'overloaded' (default {engine_defaults.MAX_QUEUE})")
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=engine_defaults.TIMEOUT_S,
+        help=f"server-side limit per request, seconds (default {engine_defaults.TIMEOUT_S:g})",
+    )
+    s.add_argument(
+        "--max-queue",
+        type=int,
+        help=f"requests that may wait at once; more are answered 'overloaded' (default {engine_defaults.MAX_QUEUE})",
+    )
     default = engine_defaults.POLICY
-    s.add_argument("--max-num-seqs", type=int, metavar="N",
-                   help=f"requests in the running batch at once; 1 = one at a time (default {default.max_num_seqs})")
-    s.add_argument("--batching", choices=("continuous", "static"),
-                   help=f"continuous: admit whenever a place frees; static: when the batch has finished (default {default.batching})")
-    s.add_argument("--chunked-prefill", type=int, metavar="TOKENS",
-                   help="split prompts into chunks of this many tokens that share steps with decodes (default off)")
-    s.add_argument("--prefix-caching", action="store_const", const=True,
-                   help="share the KV blocks of identical prompt prefixes between requests (default off)")
-    s.add_argument("--kv-cache-mb", type=float, default=None, metavar="MIB",
-                   help="size of the paged KV cache pool in MiB (default: room for one full context window, at least 4,096 positions)")
-    s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
-                   help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed")
+    s.add_argument(
+        "--max-num-seqs",
+        type=int,
+        metavar="N",
+        help=f"requests in the running batch at once; 1 = one at a time (default {default.max_num_seqs})",
+    )
+    s.add_argument(
+        "--batching",
+        choices=("continuous", "static"),
+        help=f"continuous: admit whenever a place frees; static: when the batch has finished (default {default.batching})",
+    )
+    s.add_argument(
+        "--chunked-prefill",
+        type=int,
+        metavar="TOKENS",
+        help="split prompts into chunks of this many tokens that share steps with decodes (default off)",
+    )
+    s.add_argument(
+        "--prefix-caching",
+        action="store_const",
+        const=True,
+        help="share the KV blocks of identical prompt prefixes between requests (default off)",
+    )
+    s.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        default=None,
+        metavar="MIB",
+        help="size of the paged KV cache pool in MiB (default: room for one full context window, at least 4,096 positions)",
+    )
+    s.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed",
+    )
     s.set_defaults(func=serve)
     add_bench_parser(sub)  # a broken import fails loudly here, never hides the subcommand
     return parser

@@ -1,4 +1,5 @@
 """The one page, "Inside a streaming answer"."""
+
 from flask import Blueprint, render_template
 
 bp = Blueprint("pages", __name__)

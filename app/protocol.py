@@ -1,5 +1,6 @@
 """Parsing what clients send, shared by the HTTP API and the WebSocket session: one JSON object per
 message, request ids, and the `error` event a refused message is answered with."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ def parse_json_object(text: Any) -> dict:
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise UserError("the JSON contains an unpaired surrogate escape (\\ud800–\\udfff)", code="invalid_json") from None
+        raise UserError(
+            "the JSON contains an unpaired surrogate escape (\\ud800–\\udfff)", code="invalid_json"
+        ) from None
     return data
 
 
@@ -46,5 +49,6 @@ def parse_request_id(data: dict) -> str:
     rid = data.get("request_id")
     if isinstance(rid, str) and REQUEST_ID_RE.match(rid):
         return rid
-    raise UserError(f"`request_id` must be 1 to 64 characters of A-Z a-z 0-9 _ . : -, got {json_repr(rid)}",
-                    field="request_id")
+    raise UserError(
+        f"`request_id` must be 1 to 64 characters of A-Z a-z 0-9 _ . : -, got {json_repr(rid)}", field="request_id"
+    )

@@ -3,6 +3,7 @@
 `init_app` installs a Host check on every request and security headers on every response;
 `origin_refusal()` is what the WebSocket blueprint and state-changing API routes call.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -12,16 +13,18 @@ from flask import Flask, Response, current_app, jsonify, request
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
-CSP = "; ".join([
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self'",
-    "img-src 'self' data:",
-    "connect-src 'self'",  # CSP3: 'self' also matches ws:/wss: to the page's own host and port
-    "frame-ancestors 'none'",
-    "base-uri 'none'",
-    "form-action 'self'",
-])
+CSP = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",  # CSP3: 'self' also matches ws:/wss: to the page's own host and port
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+    ]
+)
 
 HEADERS = {
     "Content-Security-Policy": CSP,
@@ -46,6 +49,7 @@ def _add_headers(response: Response) -> Response:
 
 
 # ---- Host ---------------------------------------------------------------------------------------
+
 
 def split_host(host: str) -> tuple[str, int | None]:
     """'[::1]:8000' → ('::1', 8000); 'localhost' → ('localhost', None); raises ValueError if malformed."""
@@ -90,6 +94,7 @@ def _check_host():
 
 # ---- Origin -------------------------------------------------------------------------------------
 
+
 def normalize_origin(origin: str) -> str | None:
     """'HTTP://LocalHost:80' → 'http://localhost'; None for anything that is not scheme://host[:port]."""
     try:
@@ -118,7 +123,9 @@ def origin_refusal(*, required: bool) -> Response | None:
     """
     origin = request.headers.get("Origin")
     if origin is None:
-        return _refuse(403, "origin_required", "a WebSocket handshake must carry an Origin header") if required else None
+        return (
+            _refuse(403, "origin_required", "a WebSocket handshake must carry an Origin header") if required else None
+        )
     allowed = {normalize_origin(o) for o in current_app.config.get("ALLOWED_ORIGINS") or ()}
     allowed.add(own_origin())
     allowed.discard(None)

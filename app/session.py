@@ -6,6 +6,7 @@ socket under a single send lock, so the engine's worker never calls `send` and n
 client. When the socket ends, every request still in flight is cancelled (cause `disconnect`).
 `ws` needs `receive(timeout)`, `send(text)` and `close(reason, message)`, as simple-websocket has.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -95,9 +96,13 @@ class Session:
             elif kind == "unsubscribe":
                 self._unsubscribe()
             else:
-                self._send_error(None, UserError(
-                    f"`type` must be 'generate', 'cancel', 'subscribe' or 'unsubscribe', got {json_repr(kind)}",
-                    field="type"))
+                self._send_error(
+                    None,
+                    UserError(
+                        f"`type` must be 'generate', 'cancel', 'subscribe' or 'unsubscribe', got {json_repr(kind)}",
+                        field="type",
+                    ),
+                )
         except Exception:  # a bug met by one odd frame must not take the socket and its other requests down
             log.exception("ws %s: handling a %r frame failed", self.peer, kind)
             self._send_error(None, UserError("the server failed to handle this message", code="internal"))
@@ -116,13 +121,20 @@ class Session:
         with self._lock:
             busy, count = rid in self._inflight, len(self._inflight)
         if busy:  # answering with this id would look like the end of the request that holds it
-            self._send_error(None, UserError(f"`request_id` {json_repr(rid)} is already in flight on this socket",
-                                             field="request_id"))
+            self._send_error(
+                None,
+                UserError(f"`request_id` {json_repr(rid)} is already in flight on this socket", field="request_id"),
+            )
             return
         if count >= self.settings.max_inflight:
-            self._send_error(rid, UserError(
-                f"at most {self.settings.max_inflight} requests may be in flight on one socket; "
-                "wait for one to end or cancel one", code="too_many_requests"))
+            self._send_error(
+                rid,
+                UserError(
+                    f"at most {self.settings.max_inflight} requests may be in flight on one socket; "
+                    "wait for one to end or cancel one",
+                    code="too_many_requests",
+                ),
+            )
             return
         try:
             params = parse_generate(data)
@@ -173,8 +185,13 @@ class Session:
             handle.cancel(cause="disconnect")
         finally:
             self._forget(rid)
-            log.info("ws %s: request %s ended: %s", self.peer, rid, describe_end(last),
-                     extra={"kvscope": {"event": "request_ended", "request_id": rid, **end_fields(last)}})
+            log.info(
+                "ws %s: request %s ended: %s",
+                self.peer,
+                rid,
+                describe_end(last),
+                extra={"kvscope": {"event": "request_ended", "request_id": rid, **end_fields(last)}},
+            )
 
     # ---- the engine feed ---------------------------------------------------------------------------
 
@@ -221,10 +238,16 @@ class Session:
 
     def _send_error(self, rid: str | None, exc: UserError) -> None:
         if self._send(error_event(rid, exc).to_json()):
-            log.info("ws %s: refused %s: %s%s", self.peer, rid or "a frame", exc.code,
-                     f" ({exc.field})" if exc.field else "",
-                     extra={"kvscope": {"event": "request_refused", "request_id": rid, "code": exc.code,
-                                        "field": exc.field}})
+            log.info(
+                "ws %s: refused %s: %s%s",
+                self.peer,
+                rid or "a frame",
+                exc.code,
+                f" ({exc.field})" if exc.field else "",
+                extra={
+                    "kvscope": {"event": "request_refused", "request_id": rid, "code": exc.code, "field": exc.field}
+                },
+            )
 
     def _close(self, code: int, reason: str) -> None:
         with self._send_lock:

@@ -1,6 +1,7 @@
 """The `/ws` route: refuses foreign origins before the handshake, caps open sockets, bounds how long
 a send may block, then hands the socket to `session.run_session`.
 """
+
 from __future__ import annotations
 
 import socket
@@ -54,8 +55,9 @@ def _check_origin():
 
 
 def session_settings(config) -> SessionSettings:
-    return SessionSettings(max_inflight=int(config["MAX_INFLIGHT_PER_SOCKET"]),
-                           idle_timeout_s=float(config["WS_IDLE_TIMEOUT_S"]))
+    return SessionSettings(
+        max_inflight=int(config["MAX_INFLIGHT_PER_SOCKET"]), idle_timeout_s=float(config["WS_IDLE_TIMEOUT_S"])
+    )
 
 
 def serve_socket(ws) -> None:

@@ -2,6 +2,7 @@
 argmax, the floor), transformers `generate` with a TextIteratorStreamer read from another thread
 (what a user writes by hand), and the machine's ceilings (memory copy bandwidth, matmul FLOP/s),
 plus the estimates that relate a measured time to those ceilings."""
+
 from __future__ import annotations
 
 import threading
@@ -19,6 +20,7 @@ now = time.monotonic
 @dataclass
 class LoopRun:
     """One baseline generation: token ids, and the stamp taken as each token became known."""
+
     name: str
     token_ids: list[int] = field(default_factory=list)
     start: float = 0.0
@@ -45,8 +47,14 @@ class LoopRun:
 def summary(tokens: int, prefill_ms: float | None, steps: list[float], tokens_per_s: float | None) -> dict[str, Any]:
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
-    return {"tokens": tokens, "prefill_ms": r(prefill_ms), "step_ms_median": r(percentile(steps, 50)),
-            "step_ms_p10": r(percentile(steps, 10)), "tokens_per_s": r(tokens_per_s)}
+
+    return {
+        "tokens": tokens,
+        "prefill_ms": r(prefill_ms),
+        "step_ms_median": r(percentile(steps, 50)),
+        "step_ms_p10": r(percentile(steps, 10)),
+        "tokens_per_s": r(tokens_per_s),
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -61,6 +69,7 @@ def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids:
     from transformers import DynamicCache
 
     from model_runner.forward import steer
+
     device = model.device
     run = LoopRun("bare_loop")
     with torch.inference_mode():
@@ -91,15 +100,18 @@ def generate_streamer_unavailable(model, hf_tokenizer) -> str | None:
     return None
 
 
-def generate_with_streamer(model, hf_tokenizer, messages: list[dict[str, str]], max_new_tokens: int,
-                           eos_ids: frozenset[int]) -> LoopRun:
+def generate_with_streamer(
+    model, hf_tokenizer, messages: list[dict[str, str]], max_new_tokens: int, eos_ids: frozenset[int]
+) -> LoopRun:
     """transformers generate() on a thread, its TextIteratorStreamer read here, greedy, as its docs
     show. The clock starts before the chat template is applied, as the engine's starts at submit."""
     from transformers import TextIteratorStreamer
+
     run = LoopRun("generate_streamer")
 
     class StampingStreamer(TextIteratorStreamer):
         """Notes when each generated token reaches the streamer (one clock read per token)."""
+
         def put(self, value):
             if not self.next_tokens_are_prompt:
                 run.token_at.append(now())
@@ -116,13 +128,26 @@ def generate_with_streamer(model, hf_tokenizer, messages: list[dict[str, str]], 
 
     with torch.inference_mode():
         run.start = now()
-        inputs = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                  return_dict=True).to(model.device)
+        inputs = hf_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        ).to(model.device)
         streamer = StampingStreamer(hf_tokenizer, skip_prompt=True, skip_special_tokens=True)
         eos = sorted(eos_ids)
-        thread = threading.Thread(target=work, name="bench-generate", kwargs=dict(
-            **inputs, streamer=streamer, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
-            top_p=None, top_k=None, eos_token_id=eos, pad_token_id=eos[0]))
+        thread = threading.Thread(
+            target=work,
+            name="bench-generate",
+            kwargs=dict(
+                **inputs,
+                streamer=streamer,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+            ),
+        )
         thread.start()
         for _ in streamer:  # the caller reads the text as it comes
             pass
@@ -137,6 +162,7 @@ def generate_with_streamer(model, hf_tokenizer, messages: list[dict[str, str]], 
 
 # ---- the machine's ceilings --------------------------------------------------------------------
 
+
 def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 7) -> dict[str, Any]:
     """Best-of-N copy of a large buffer into a second, already touched one; bytes read plus written."""
     n = mib * 1024 * 1024 // 4
@@ -150,8 +176,12 @@ def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 7) -> di
         _sync(device)
         best = min(best, time.perf_counter() - t0)
     moved = 2 * src.nbytes
-    return {"what": f"copy of a {mib} MiB buffer, best of {repeats}; bytes read + bytes written",
-            "bytes": moved, "best_s": round(best, 6), "gb_per_s": round(moved / best / 1e9, 3)}
+    return {
+        "what": f"copy of a {mib} MiB buffer, best of {repeats}; bytes read + bytes written",
+        "bytes": moved,
+        "best_s": round(best, 6),
+        "gb_per_s": round(moved / best / 1e9, 3),
+    }
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 7) -> dict[str, Any]:
@@ -166,15 +196,21 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats
         a @ b
         _sync(device)
         best = min(best, time.perf_counter() - t0)
-    return {"what": f"{n}x{n} {str(dtype).removeprefix('torch.')} matmul, best of {repeats}",
-            "flops": 2 * n ** 3, "best_s": round(best, 6), "gflop_per_s": round(2 * n ** 3 / best / 1e9, 3)}
+    return {
+        "what": f"{n}x{n} {str(dtype).removeprefix('torch.')} matmul, best of {repeats}",
+        "flops": 2 * n**3,
+        "best_s": round(best, 6),
+        "gflop_per_s": round(2 * n**3 / best / 1e9, 3),
+    }
 
 
 # ---- estimates (computed from the model's shape, not measured) ----------------------------------
 
+
 @dataclass(frozen=True)
 class Shape:
     """What the estimates need from the model: sizes, and whether the output layer reuses the embedding."""
+
     params: int
     weights_bytes: int
     layers: int
@@ -188,9 +224,18 @@ class Shape:
 
     @classmethod
     def of(cls, facts, model_config) -> "Shape":
-        return cls(facts.params, facts.weights_bytes, facts.layers, facts.attention_heads, facts.head_dim,
-                   facts.hidden_size, facts.vocab_size, facts.bytes_per_element, facts.kv_bytes_per_token,
-                   bool(getattr(model_config, "tie_word_embeddings", False)))
+        return cls(
+            facts.params,
+            facts.weights_bytes,
+            facts.layers,
+            facts.attention_heads,
+            facts.head_dim,
+            facts.hidden_size,
+            facts.vocab_size,
+            facts.bytes_per_element,
+            facts.kv_bytes_per_token,
+            bool(getattr(model_config, "tie_word_embeddings", False)),
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -210,8 +255,9 @@ class Shape:
         return self.weights_bytes - unread + self.kv_bytes_per_token * context
 
 
-def estimates(shape: Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None,
-              context: float) -> dict[str, Any]:
+def estimates(
+    shape: Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None, context: float
+) -> dict[str, Any]:
     """Achieved prefill FLOP/s and decode bandwidth, computed from measured times and the model's shape."""
     out: dict[str, Any] = {"prefill_gflop_per_s": None, "decode_gb_per_s": None}
     if prefill_ms:
@@ -223,19 +269,26 @@ def estimates(shape: Shape, prompt_tokens: int, prefill_ms: float | None, step_m
 
 def fractions(est: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
     """The estimates as fractions of the machine's measured matmul rate and copy bandwidth."""
+
     def part(x: float | None, ceiling: float) -> float | None:
         return None if x is None else round(x / ceiling, 4)
-    return {**est, "prefill_fraction_of_matmul": part(est["prefill_gflop_per_s"], ceilings["matmul_gflop_per_s"]),
-            "decode_fraction_of_copy": part(est["decode_gb_per_s"], ceilings["copy_gb_per_s"])}
+
+    return {
+        **est,
+        "prefill_fraction_of_matmul": part(est["prefill_gflop_per_s"], ceilings["matmul_gflop_per_s"]),
+        "decode_fraction_of_copy": part(est["decode_gb_per_s"], ceilings["copy_gb_per_s"]),
+    }
 
 
 # ---- transformers' own continuous batching -------------------------------------------------------
+
 
 @dataclass
 class BatchRun:
     """transformers' ContinuousBatchingManager on a list of prompts: tokens per prompt (input order);
     `wall_s`, its generation span (the first request created -> the last one finished, as the
     manager stamps them), and `call_s`, the whole `generate_batch` call (manager start and stop too)."""
+
     token_ids: list[list[int]]
     wall_s: float
     call_s: float = 0.0
@@ -252,19 +305,32 @@ def generate_batch_unavailable(model) -> str | None:
     return None
 
 
-def hf_generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: frozenset[int],
-                      num_blocks: int, block_size: int, max_batch_tokens: int) -> BatchRun:
+def hf_generate_batch(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_ids: frozenset[int],
+    num_blocks: int,
+    block_size: int,
+    max_batch_tokens: int,
+) -> BatchRun:
     """transformers' continuous batching (`model.generate_batch`), greedy, with the engine's page size,
     pool size and token budget (on a CPU both must be given: its defaults size them for a GPU)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
     eos = sorted(eos_ids)
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
-    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                  allow_block_sharing=False)
+    cb = ContinuousBatchingConfig(
+        page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, allow_block_sharing=False
+    )
     t0 = now()
-    out = model.generate_batch([list(p) for p in prompts], generation_config=config, continuous_batching_config=cb,
-                               max_new_tokens=max_new_tokens)
+    out = model.generate_batch(
+        [list(p) for p in prompts],
+        generation_config=config,
+        continuous_batching_config=cb,
+        max_new_tokens=max_new_tokens,
+    )
     call = now() - t0
     if len(out) != len(prompts):
         raise RuntimeError(f"generate_batch returned {len(out)} results for {len(prompts)} prompts")

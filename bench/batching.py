@@ -4,6 +4,7 @@ transformers' own ContinuousBatchingManager (`generate_batch`) on the same model
 client's decode step against the bare loop; and the class scenario (class_scenario.py). Every
 ratio is taken between runs of the same repeat of the same run; greedy outputs are compared
 request by request."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ CLASS_TTFT_GOAL = ("max", 0.15)  # class scenario p99 TTFT, batched over one at 
 @dataclass
 class Session:
     """The opened engine and what every part of the run shares."""
+
     args: argparse.Namespace
     target: Target
     progress: Progress
@@ -82,11 +84,17 @@ class Session:
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
-        raise UserError("--quick sizes the grid; --batching and --class have their own sizes "
-                        "(--prompt-lens, --output-lens, --concurrency, --repeats)", field="quick")
+        raise UserError(
+            "--quick sizes the grid; --batching and --class have their own sizes "
+            "(--prompt-lens, --output-lens, --concurrency, --repeats)",
+            field="quick",
+        )
     if args.via_websocket:
-        raise UserError("--batching and --class drive the in-process engine (they change its policy between "
-                        "runs); leave out --via-websocket", field="via_websocket")
+        raise UserError(
+            "--batching and --class drive the in-process engine (they change its policy between "
+            "runs); leave out --via-websocket",
+            field="via_websocket",
+        )
     for name in ("prompt_lens", "output_lens"):
         if getattr(args, name) and len(getattr(args, name)) > 1:
             raise UserError(f"--batching takes one value of --{name.replace('_', '-')}", field=name)
@@ -95,11 +103,19 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--repeats must be at least 1", field="repeats")
     if args.arrival_s < 0:
         raise UserError("--arrival-s must be 0 or more seconds", field="arrival_s")
-    return {"prompt_tokens_target": (args.prompt_lens or (DEFAULTS["prompt"],))[0],
-            "output_tokens": (args.output_lens or (DEFAULTS["output"],))[0],
-            "concurrency": list(args.concurrency or DEFAULTS["concurrency"]), "repeats": repeats,
-            "batching": args.batching, "class": args.class_scenario, "seed": args.seed, "arrival_s": args.arrival_s,
-            "baselines": not args.no_baselines, "kv_cache_mb": args.kv_cache_mb, "sampling": "greedy"}
+    return {
+        "prompt_tokens_target": (args.prompt_lens or (DEFAULTS["prompt"],))[0],
+        "output_tokens": (args.output_lens or (DEFAULTS["output"],))[0],
+        "concurrency": list(args.concurrency or DEFAULTS["concurrency"]),
+        "repeats": repeats,
+        "batching": args.batching,
+        "class": args.class_scenario,
+        "seed": args.seed,
+        "arrival_s": args.arrival_s,
+        "baselines": not args.no_baselines,
+        "kv_cache_mb": args.kv_cache_mb,
+        "sampling": "greedy",
+    }
 
 
 def command_line(args: argparse.Namespace, s: dict) -> str:
@@ -107,8 +123,11 @@ def command_line(args: argparse.Namespace, s: dict) -> str:
     parts += [f"--model {args.model}"] + ([f"--device {args.device}"] if args.device != "auto" else [])
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     if s["batching"]:
-        parts += [f"--prompt-lens {s['prompt_tokens_target']}", f"--output-lens {s['output_tokens']}",
-                  f"--concurrency {','.join(map(str, s['concurrency']))}"]
+        parts += [
+            f"--prompt-lens {s['prompt_tokens_target']}",
+            f"--output-lens {s['output_tokens']}",
+            f"--concurrency {','.join(map(str, s['concurrency']))}",
+        ]
     parts += [f"--repeats {s['repeats']}"]
     parts += [f"--seed {s['seed']}", f"--arrival-s {s['arrival_s']:g}"] if s["class"] else []
     parts += [f"--kv-cache-mb {s['kv_cache_mb']:g}"] if s["kv_cache_mb"] else []
@@ -119,15 +138,19 @@ def command_line(args: argparse.Namespace, s: dict) -> str:
 
 def run_batching(args: argparse.Namespace) -> int:
     from .batching_report import finish
+
     settings = settings_of(args)
     started_at, t0 = datetime.now(UTC), time.monotonic()
     print(f"kvscope bench: loading {args.model} (in-process)", file=sys.stderr, flush=True)
     from .class_scenario import CLASS_CLIENTS
+
     # transformers logs every paged cache it sizes at INFO; the run makes several
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
     target = open_target(args, max(settings["concurrency"] + [CLASS_CLIENTS]))
     try:
-        report = measure(Session(args, target, Progress(1, enabled=False), list(target.notes)), settings, started_at, t0)
+        report = measure(
+            Session(args, target, Progress(1, enabled=False), list(target.notes)), settings, started_at, t0
+        )
     finally:
         target.close()
     return finish(report, args, started_at)
@@ -136,6 +159,7 @@ def run_batching(args: argparse.Namespace) -> int:
 def measure(session: Session, s: dict, started_at: datetime, t0: float) -> dict:
     from . import class_scenario
     from .runner import _load, machine_info
+
     machine = machine_info(session.target.loaded.facts)
     engine, describe = session.engine, session.target.describe
     hf_skip = bl.generate_batch_unavailable(session.model) if s["baselines"] else "--no-baselines"
@@ -144,8 +168,15 @@ def measure(session: Session, s: dict, started_at: datetime, t0: float) -> dict:
     session.progress = Progress(_planned_work(s, prompts, classroom), enabled=not session.args.no_progress)
     session.progress.step("warming up", 0)
     _warm_up(session, prompts, hf_skip)
-    throughput = [_clients(session, s, prompts[:n], rep, hf_skip, turn=i * s["repeats"] + rep)
-                  for i, n in enumerate(s["concurrency"]) for rep in range(s["repeats"])] if s["batching"] else []
+    throughput = (
+        [
+            _clients(session, s, prompts[:n], rep, hf_skip, turn=i * s["repeats"] + rep)
+            for i, n in enumerate(s["concurrency"])
+            for rep in range(s["repeats"])
+        ]
+        if s["batching"]
+        else []
+    )
     lone = _lone(session, prompts[0], s) if s["batching"] and s["baselines"] else None
     scenario = class_scenario.run(session, classroom) if classroom else None
     session.progress.close()
@@ -155,13 +186,26 @@ def measure(session: Session, s: dict, started_at: datetime, t0: float) -> dict:
     records = [r for t in throughput for run in t.pop("_records") for r in run]
     records += [r for sc in (scenario or {}).get("scenarios", {}).values() for r in sc.pop("_records")]
     return {
-        "kind": "kvscope-bench-batching", "version": 1, "mode": "in-process",
-        "started_at": started_at.isoformat(timespec="seconds"), "duration_s": round(time.monotonic() - t0, 1),
-        "command": command_line(session.args, s), "machine": machine, "model": session.target.loaded.facts.to_dict(),
-        "settings": {**s, "policy": engine.policy.to_dict(), "kv_blocks": engine.snapshot()["kv"]["total"],
-                     "prompt_tokens": [p.tokens for p in prompts] if s["batching"] else []},
-        "throughput": throughput, "lone": lone, "class": scenario,
-        "ratios": ratios(throughput, lone, scenario), "totals": totals(records), "notes": session.notes,
+        "kind": "kvscope-bench-batching",
+        "version": 1,
+        "mode": "in-process",
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "command": command_line(session.args, s),
+        "machine": machine,
+        "model": session.target.loaded.facts.to_dict(),
+        "settings": {
+            **s,
+            "policy": engine.policy.to_dict(),
+            "kv_blocks": engine.snapshot()["kv"]["total"],
+            "prompt_tokens": [p.tokens for p in prompts] if s["batching"] else [],
+        },
+        "throughput": throughput,
+        "lone": lone,
+        "class": scenario,
+        "ratios": ratios(throughput, lone, scenario),
+        "totals": totals(records),
+        "notes": session.notes,
     }
 
 
@@ -179,16 +223,26 @@ def _warm_up(session: Session, prompts: list[Prompt], hf_skip: str | None) -> No
     records, _, _ = session.engine_run([Job(session.payload(p, 4)) for p in prompts[:4]], "warmup")
     if any(r.outcome != "completed" for r in records):
         bad = next(r for r in records if r.outcome != "completed")
-        raise UserError(f"the warm-up requests did not complete ({bad.outcome}: {bad.reason} {bad.message or ''}); "
-                        "nothing to measure", code="bench_failed")
+        raise UserError(
+            f"the warm-up requests did not complete ({bad.outcome}: {bad.reason} {bad.message or ''}); "
+            "nothing to measure",
+            code="bench_failed",
+        )
     if hf_skip is None:
         _hf(session, prompts[:2], 4)
 
 
 def _hf(session: Session, prompts: list[Prompt], output: int) -> bl.BatchRun:
     kv, policy = session.engine.snapshot()["kv"], session.engine.policy
-    return bl.hf_generate_batch(session.model, [p.ids for p in prompts], output, session.eos, kv["total"],
-                                kv["block_size"], policy.max_batch_tokens)
+    return bl.hf_generate_batch(
+        session.model,
+        [p.ids for p in prompts],
+        output,
+        session.eos,
+        kv["total"],
+        kv["block_size"],
+        policy.max_batch_tokens,
+    )
 
 
 def _clients(session: Session, s: dict, prompts: list[Prompt], rep: int, hf_skip: str | None, turn: int) -> dict:
@@ -197,19 +251,25 @@ def _clients(session: Session, s: dict, prompts: list[Prompt], rep: int, hf_skip
     n, out = len(prompts), s["output_tokens"]
     jobs = [Job(session.payload(p, out)) for p in prompts]
     names = ["batched", "serial"] + ([] if hf_skip else ["hf"])
-    order = names[turn % len(names):] + names[:turn % len(names)]
+    order = names[turn % len(names) :] + names[: turn % len(names)]
     runs: dict[str, Any] = {"hf": None}
     recs: dict[str, list[RequestRecord]] = {}
     for name in order:
-        session.progress.step(f"{n} clients, repeat {rep + 1}: {name}",
-                              n * work(prompts[0].tokens, out) / (1 if name == "serial" else 3))
+        session.progress.step(
+            f"{n} clients, repeat {rep + 1}: {name}", n * work(prompts[0].tokens, out) / (1 if name == "serial" else 3)
+        )
         if name == "hf":
             try:
                 hf = _hf(session, prompts, out)
-                runs["hf"] = {"requests": n, "completed": n, "output_tokens": hf.tokens, "wall_s": round(hf.wall_s, 3),
-                              "tokens_per_s": round(hf.tokens / hf.wall_s, 3) if hf.wall_s > 0 else None,
-                              "call_s": round(hf.call_s, 3),
-                              "call_tokens_per_s": round(hf.tokens / hf.call_s, 3) if hf.call_s > 0 else None}
+                runs["hf"] = {
+                    "requests": n,
+                    "completed": n,
+                    "output_tokens": hf.tokens,
+                    "wall_s": round(hf.wall_s, 3),
+                    "tokens_per_s": round(hf.tokens / hf.wall_s, 3) if hf.wall_s > 0 else None,
+                    "call_s": round(hf.call_s, 3),
+                    "call_tokens_per_s": round(hf.tokens / hf.call_s, 3) if hf.call_s > 0 else None,
+                }
                 recs["hf_tokens"] = hf.token_ids
             except Exception as exc:  # a baseline that breaks is reported, and the run goes on
                 session.notes.append(f"generate_batch failed at {n} clients: {type(exc).__name__}: {exc}")
@@ -219,12 +279,22 @@ def _clients(session: Session, s: dict, prompts: list[Prompt], rep: int, hf_skip
         runs[name], recs[name] = run_summary(records, wall, counters), records
     serial = outputs(recs["serial"])
     b, sr, hf = runs["batched"], runs["serial"], runs["hf"]
-    return {"clients": n, "repeat": rep, "order": order, **runs,
-            "greedy": {"batched_vs_serial": greedy_equality(outputs(recs["batched"]), serial),
-                       "hf_vs_serial": greedy_equality(recs["hf_tokens"], serial) if "hf_tokens" in recs else None},
-            "ratios": {"batched_over_serial": _ratio(b, sr), "batched_over_hf": _ratio(b, hf),
-                       "hf_over_serial": _ratio(hf, sr)},
-            "_records": [recs["batched"], recs["serial"]]}
+    return {
+        "clients": n,
+        "repeat": rep,
+        "order": order,
+        **runs,
+        "greedy": {
+            "batched_vs_serial": greedy_equality(outputs(recs["batched"]), serial),
+            "hf_vs_serial": greedy_equality(recs["hf_tokens"], serial) if "hf_tokens" in recs else None,
+        },
+        "ratios": {
+            "batched_over_serial": _ratio(b, sr),
+            "batched_over_hf": _ratio(b, hf),
+            "hf_over_serial": _ratio(hf, sr),
+        },
+        "_records": [recs["batched"], recs["serial"]],
+    }
 
 
 def _ratio(a: dict | None, b: dict | None) -> float | None:
@@ -237,6 +307,7 @@ def _lone(session: Session, prompt: Prompt, s: dict) -> dict:
     """A lone client: the engine (policy max_num_seqs=1, stepped on the baselines' thread) against the
     bare greedy loop, order rotating each repeat, as `kvscope bench` compares them."""
     from .measure import Bench
+
     out, reps = s["output_tokens"], s["repeats"]
     bench = Bench(session.args, session.target, Grid((prompt.target,), (out,), (1,), reps))
     try:
@@ -245,7 +316,7 @@ def _lone(session: Session, prompt: Prompt, s: dict) -> dict:
         bench.on_thread(bl.bare_greedy_loop, session.model, prompt.ids, 4, session.eos)
         comparisons = []
         for rep in range(reps):
-            order = ["engine", "bare_loop"][rep % 2:] + ["engine", "bare_loop"][:rep % 2]
+            order = ["engine", "bare_loop"][rep % 2 :] + ["engine", "bare_loop"][: rep % 2]
             results = {}
             for name in order:
                 session.progress.step(f"lone client, repeat {rep + 1}: {name}", work(prompt.tokens, out))
@@ -263,24 +334,34 @@ def ratios(throughput: list[dict], lone: dict | None, scenario: dict | None) -> 
     for n in sorted({t["clients"] for t in throughput}):
         rows = [t["ratios"] for t in throughput if t["clients"] == n]
         for key, text, goal in (
-                ("batched_over_serial", f"{n} clients: batched tokens/s / one at a time (max_num_seqs=1)",
-                 SPEEDUP_GOALS.get(n)),
-                ("batched_over_hf", f"{n} clients: engine tokens/s / transformers generate_batch", HF_GOAL),
-                ("hf_over_serial", f"{n} clients: generate_batch tokens/s / engine one at a time", None)):
+            (
+                "batched_over_serial",
+                f"{n} clients: batched tokens/s / one at a time (max_num_seqs=1)",
+                SPEEDUP_GOALS.get(n),
+            ),
+            ("batched_over_hf", f"{n} clients: engine tokens/s / transformers generate_batch", HF_GOAL),
+            ("hf_over_serial", f"{n} clients: generate_batch tokens/s / engine one at a time", None),
+        ):
             values = [r[key] for r in rows if r[key] is not None]
             report[f"{key}_{n}"] = _judge(text, values, goal)
     if lone is not None:
-        values = [c["ratios"]["engine_step_over_bare"] for c in lone["comparisons"]
-                  if c["ratios"]["engine_step_over_bare"] is not None]
-        report["lone_step_over_bare"] = _judge("lone client: engine decode step / bare loop step (medians)",
-                                               values, LONE_GOAL)
+        values = [
+            c["ratios"]["engine_step_over_bare"]
+            for c in lone["comparisons"]
+            if c["ratios"]["engine_step_over_bare"] is not None
+        ]
+        report["lone_step_over_bare"] = _judge(
+            "lone client: engine decode step / bare loop step (medians)", values, LONE_GOAL
+        )
     for name, sc in ((scenario or {}).get("scenarios") or {}).items():
         value = sc["ratios"]["ttft_p99_over_serial"]
         report[f"class_{name}_ttft_p99_over_serial"] = _judge(
-            f"class, {name}: p99 TTFT batched / one at a time", [] if value is None else [value], CLASS_TTFT_GOAL)
+            f"class, {name}: p99 TTFT batched / one at a time", [] if value is None else [value], CLASS_TTFT_GOAL
+        )
     return report
 
 
 def _judge(text: str, values: list[float], goal) -> dict:
     from .stats import percentile
+
     return judged(text, spread(values), percentile(values, 50), goal)

@@ -2,6 +2,7 @@
 thread per client reading its RequestHandle) or over the real WebSocket protocol (one socket per
 client). Every request becomes a RequestRecord, and one that fails, times out or is cancelled is
 recorded with its outcome, never dropped."""
+
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ STALL_S = 900.0  # a client gives up when no event at all arrives for this long 
 class Job:
     """One client's request: a `generate` payload, optionally a cancel after some tokens, and when
     it arrives: `delay_s` after the clients are released together (0 = at once)."""
+
     payload: dict
     cancel_after_tokens: int | None = None
     delay_s: float = 0.0
@@ -136,10 +138,21 @@ class RequestRecord:
     def to_dict(self) -> dict[str, Any]:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 3)
-        return {"request_id": self.request_id, "outcome": self.outcome, "reason": self.reason,
-                "message": self.message, "prompt_tokens": self.prompt_tokens, "output_tokens": len(self.token_ids),
-                "queue_ms": r(self.queue_ms), "prefill_ms": r(self.prefill_ms), "ttft_ms": r(self.ttft_ms),
-                "tpot_ms": r(self.tpot_ms), "e2e_ms": r(self.e2e_ms), "itl_ms": [r(x) for x in self.itl_ms]}
+
+        return {
+            "request_id": self.request_id,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "message": self.message,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": len(self.token_ids),
+            "queue_ms": r(self.queue_ms),
+            "prefill_ms": r(self.prefill_ms),
+            "ttft_ms": r(self.ttft_ms),
+            "tpot_ms": r(self.tpot_ms),
+            "e2e_ms": r(self.e2e_ms),
+            "itl_ms": [r(x) for x in self.itl_ms],
+        }
 
 
 class Client(Protocol):
@@ -166,6 +179,7 @@ def run_stepped(engine, job: Job, request_id: str) -> RequestRecord:
     the engine's model work on the same thread as the baselines' this way, so no side is helped
     or hurt by which thread torch runs on."""
     import torch
+
     record = RequestRecord(request_id)
     handle = _submit(engine, job, record, lambda: None)
     if handle is None:
@@ -225,6 +239,7 @@ class WebSocketClient:
 
     def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord:
         from websockets.sync.client import connect
+
         record = RequestRecord(request_id)
         try:
             ws = connect(self.url, origin=self.origin, open_timeout=30, max_size=None, compression=None)
@@ -287,8 +302,7 @@ def run_jobs(client: Client, jobs: list[Job], prefix: str) -> tuple[list[Request
             record.fail("client_error", f"{type(exc).__name__}: {exc}")
             records[i] = record
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"bench-client-{i}", daemon=True)
-               for i in range(len(jobs))]
+    threads = [threading.Thread(target=one, args=(i,), name=f"bench-client-{i}", daemon=True) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,5 +1,6 @@
 """What a bench run covers: the grid (prompt lengths x output lengths x concurrent clients, repeated),
 the cells it expands to, and which of them repeat and run the baselines."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,11 +1,14 @@
 """One benchmark session on an opened Target: the machine's ceilings, a warm-up, every cell of the
 grid (with the baselines interleaved where there is one client) and the kv_cache=false probe, each
 turned into the report's cell, comparison and probe dicts."""
+
 from __future__ import annotations
 
 import argparse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
+
+from model_runner.errors import UserError
 
 from . import baselines as bl
 from .clients import Job, RequestRecord, run_jobs, run_stepped
@@ -15,7 +18,6 @@ from .prompts import Prompt
 from .ratios import totals
 from .stats import METRICS, describe, percentile
 from .target import Target
-from model_runner.errors import UserError
 
 
 class Bench:
@@ -38,6 +40,7 @@ class Bench:
         self.stepped = None
         if self.baselines:
             from model_runner.engine import Engine, EngineConfig
+
             self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
 
     def on_thread(self, fn: Callable, *args):
@@ -56,21 +59,29 @@ class Bench:
         """Called before and after the grid; the best of the two stands, since on a shared machine a
         ceiling measured while others were busy would make every fraction look better than it is."""
         import torch
+
         device = torch.device(self.facts.device)
         copy = self.on_thread(bl.copy_bandwidth, device)
         matmul = self.on_thread(bl.matmul_rate, device, getattr(torch, self.facts.dtype))
         if self.ceilings:
             copy = max(copy, self.ceilings["copy"], key=lambda m: m["gb_per_s"])
             matmul = max(matmul, self.ceilings["matmul"], key=lambda m: m["gflop_per_s"])
-        self.ceilings = {"copy_gb_per_s": copy["gb_per_s"], "matmul_gflop_per_s": matmul["gflop_per_s"],
-                         "copy": copy, "matmul": matmul}
+        self.ceilings = {
+            "copy_gb_per_s": copy["gb_per_s"],
+            "matmul_gflop_per_s": matmul["gflop_per_s"],
+            "copy": copy,
+            "matmul": matmul,
+        }
 
     def warm_up(self, prompt: Prompt) -> None:
         """One short run of each, untimed: first calls pay for allocation and lazy imports."""
         records, _ = run_jobs(self.target.client, [Job(self.payload(prompt, 4))], "warmup")
         if records[0].outcome != "completed":
-            raise UserError(f"the warm-up request did not complete ({records[0].outcome}: {records[0].reason} "
-                            f"{records[0].message or ''}); nothing to measure", code="bench_failed")
+            raise UserError(
+                f"the warm-up request did not complete ({records[0].outcome}: {records[0].reason} "
+                f"{records[0].message or ''}); nothing to measure",
+                code="bench_failed",
+            )
         if self.baselines:
             self.on_thread(run_stepped, self.stepped, Job(self.payload(prompt, 4)), "warmup-stepped")
             self.on_thread(bl.bare_greedy_loop, self.model, prompt.ids, 4, self.eos)
@@ -85,11 +96,13 @@ class Bench:
             prompt, o, c, records, walls = prompts[cell.prompt], cell.output, cell.clients, [], []
             runners = self.runners(cell)
             for rep in range(cell.repeats):
-                order = runners[rep % len(runners):] + runners[:rep % len(runners)]
+                order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
                 results: dict[str, Any] = {}
                 for name in order:
-                    progress.step(f"prompt {prompt.tokens} out {o} x{c} rep {rep + 1}/{cell.repeats}: {name}",
-                                  work(prompt.tokens, o) * (c if name in ("engine", "socket") else 1))
+                    progress.step(
+                        f"prompt {prompt.tokens} out {o} x{c} rep {rep + 1}/{cell.repeats}: {name}",
+                        work(prompt.tokens, o) * (c if name in ("engine", "socket") else 1),
+                    )
                     results[name] = self.run_one(name, prompt, o, c, f"p{cell.prompt}-o{o}-c{c}-r{rep}", cell.baselines)
                 recs, wall = results["socket" if "socket" in results else "engine"]
                 records += recs
@@ -121,8 +134,9 @@ class Bench:
         try:
             if name == "bare_loop":
                 return self.on_thread(bl.bare_greedy_loop, self.model, prompt.ids, output, self.eos)
-            return self.on_thread(bl.generate_with_streamer, self.model, self.hf_tokenizer, prompt.messages, output,
-                                  self.eos)
+            return self.on_thread(
+                bl.generate_with_streamer, self.model, self.hf_tokenizer, prompt.messages, output, self.eos
+            )
         except Exception as exc:  # a baseline that breaks is reported, and the run goes on
             self.notes.append(f"{name} failed at prompt {prompt.tokens}, output {output}: {type(exc).__name__}: {exc}")
             return None
@@ -139,28 +153,46 @@ class Bench:
         summary["outside_model_ms_median"] = _round(percentile(outside, 50))
         return summary
 
-    def compare(self, prompt: Prompt, output: int, rep: int, order: list[str], record: RequestRecord,
-                results: dict[str, Any]) -> dict:
+    def compare(
+        self, prompt: Prompt, output: int, rep: int, order: list[str], record: RequestRecord, results: dict[str, Any]
+    ) -> dict:
         engine = self.engine_summary(record)
         bare, gen = results.get("bare_loop"), results.get("generate_streamer")
-        runs = {"engine": engine, "bare_loop": bare.summary() if bare else None,
-                "generate_streamer": gen.summary() if gen else None}
+        runs = {
+            "engine": engine,
+            "bare_loop": bare.summary() if bare else None,
+            "generate_streamer": gen.summary() if gen else None,
+        }
         identical = None
         if engine and bare:
             identical = record.token_ids == bare.token_ids and (gen is None or gen.token_ids == bare.token_ids)
-        ratios = {"engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
-                  "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
-                  "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
-                  "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s"),
-                  "engine_outside_over_model": _ratio(engine, engine, "outside_model_ms_median",
-                                                      "model_step_ms_median")}
+        ratios = {
+            "engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
+            "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
+            "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
+            "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s"),
+            "engine_outside_over_model": _ratio(engine, engine, "outside_model_ms_median", "model_step_ms_median"),
+        }
         est = None
         if engine:
-            est = bl.estimates(self.shape, prompt.tokens, engine["prefill_ms"], engine["step_ms_median"],
-                               prompt.tokens + engine["tokens"] / 2)
-        return {"prompt_tokens": prompt.tokens, "output_tokens_target": output, "repeat": rep, "order": order,
-                **runs, "generate_streamer_skipped": self.generate_skip, "greedy_identical": identical,
-                "estimates": est, "ratios": ratios}
+            est = bl.estimates(
+                self.shape,
+                prompt.tokens,
+                engine["prefill_ms"],
+                engine["step_ms_median"],
+                prompt.tokens + engine["tokens"] / 2,
+            )
+        return {
+            "prompt_tokens": prompt.tokens,
+            "output_tokens_target": output,
+            "repeat": rep,
+            "order": order,
+            **runs,
+            "generate_streamer_skipped": self.generate_skip,
+            "greedy_identical": identical,
+            "estimates": est,
+            "ratios": ratios,
+        }
 
     def apply_ceilings(self, cells: list[dict], comparisons: list[dict]) -> None:
         """Turn the estimates into fractions of the final (best) ceilings, once they are known."""
@@ -172,8 +204,9 @@ class Bench:
                 c["ratios"]["decode_fraction_of_copy"] = c["estimates"]["decode_fraction_of_copy"]
                 c["ratios"]["prefill_fraction_of_matmul"] = c["estimates"]["prefill_fraction_of_matmul"]
 
-    def cell(self, prompt: Prompt, output: int, clients: int, repeats: int, records: list[RequestRecord],
-             walls: list[float]) -> dict:
+    def cell(
+        self, prompt: Prompt, output: int, clients: int, repeats: int, records: list[RequestRecord], walls: list[float]
+    ) -> dict:
         ok = [r for r in records if r.outcome == "completed"]
         pooled = {
             "queue_ms": [r.queue_ms for r in ok if r.queue_ms is not None],
@@ -187,16 +220,25 @@ class Bench:
         prefill = [r.prefill_ms for r in ok if r.prefill_ms is not None]
         mean_out = sum(tokens) / len(tokens) if tokens else 0
         return {
-            "prompt_tokens_target": prompt.target, "prompt_tokens": prompt.tokens, "output_tokens_target": output,
-            "concurrency": clients, "repeats": repeats, "totals": totals(records),
+            "prompt_tokens_target": prompt.target,
+            "prompt_tokens": prompt.tokens,
+            "output_tokens_target": output,
+            "concurrency": clients,
+            "repeats": repeats,
+            "totals": totals(records),
             "metrics": {m: describe(pooled[m]) for m in METRICS},
             "output_tokens": describe(tokens),
             "throughput_tokens_per_s": round(sum(tokens) / sum(walls), 3) if sum(walls) > 0 and tokens else None,
             "delivery_ms": describe([x for r in ok for x in r.delivery_ms]),
             "delivery_lower_ms": describe([x for r in ok for x in r.delivery_lower_ms]),
             "engine_step_ms": describe(engine_steps),
-            "estimates": bl.estimates(self.shape, prompt.tokens, percentile(prefill, 50), percentile(engine_steps, 50),
-                                      prompt.tokens + mean_out / 2),
+            "estimates": bl.estimates(
+                self.shape,
+                prompt.tokens,
+                percentile(prefill, 50),
+                percentile(engine_steps, 50),
+                prompt.tokens + mean_out / 2,
+            ),
             "requests": [r.to_dict() for r in records],
         }
 
@@ -205,19 +247,26 @@ class Bench:
         n = min(CACHE_OFF_TOKENS[self.args.quick], self.facts.context_window - prompt.tokens)
         runs, records = {}, []
         for kv in (True, False):
-            progress.step(f"prompt {prompt.tokens} out {n}: kv_cache={str(kv).lower()}",
-                          work(prompt.tokens, n) * (1 if kv else 5))
+            progress.step(
+                f"prompt {prompt.tokens} out {n}: kv_cache={str(kv).lower()}", work(prompt.tokens, n) * (1 if kv else 5)
+            )
             recs, _ = run_jobs(self.target.client, [Job(self.payload(prompt, n, kv_cache=kv))], f"cache-{kv}".lower())
             records += recs
             steps = recs[0].step_ms[1:]  # index 0 came from the prefill
             runs["with_cache" if kv else "without_cache"] = {
-                "outcome": recs[0].outcome, "tokens": len(recs[0].token_ids), "step_ms": [round(s, 3) for s in steps],
+                "outcome": recs[0].outcome,
+                "tokens": len(recs[0].token_ids),
+                "step_ms": [round(s, 3) for s in steps],
                 "first_step_ms": round(steps[0], 3) if steps else None,
                 "last_step_ms": round(steps[-1], 3) if steps else None,
-                "growth": round(steps[-1] / steps[0], 3) if len(steps) > 1 and steps[0] > 0 else None}
+                "growth": round(steps[-1] / steps[0], 3) if len(steps) > 1 and steps[0] > 0 else None,
+            }
         ids = [r.token_ids for r in records]
-        probe = {"prompt_tokens": prompt.tokens, **runs,
-                 "greedy_identical": ids[0] == ids[1] if all(r.outcome == "completed" for r in records) else None}
+        probe = {
+            "prompt_tokens": prompt.tokens,
+            **runs,
+            "greedy_identical": ids[0] == ids[1] if all(r.outcome == "completed" for r in records) else None,
+        }
         return probe, records
 
 

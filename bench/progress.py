@@ -1,5 +1,6 @@
 """The progress bar on stderr, with an ETA from work weighted by tokens to process; it never
 changes what is measured."""
+
 from __future__ import annotations
 
 import sys

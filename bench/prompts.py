@@ -1,5 +1,6 @@
 """Deterministic prompts of a given token length: the longest prefix of kvscope's own text whose
 chat-templated token count fits the target, as the engine itself counts it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ def prompt_text(words: int, variant: int = 0, suffix: str = "") -> str:
     variant x VARIANT_STRIDE of the notes, so each variant is a different prompt), then `suffix`."""
     start = variant * VARIANT_STRIDE
     pool = INSTRUCTION.split() + [NOTES[(start + i) % len(NOTES)] for i in range(max(0, words))]
-    return " ".join(pool[:max(1, words)]) + (f" {suffix}" if suffix else "")
+    return " ".join(pool[: max(1, words)]) + (f" {suffix}" if suffix else "")
 
 
 def fit_prompt(describe: Callable[[Any], dict], target: int, variant: int = 0, suffix: str = "") -> Prompt:
@@ -49,6 +50,7 @@ def fit_prompt(describe: Callable[[Any], dict], target: int, variant: int = 0, s
     one word is over. Binary search over the word count: tokens only grow as words are added.
     Prompts with the same variant and different suffixes share their beginning (a common document
     with different questions after it)."""
+
     def tokens(words: int) -> tuple[int, list[int]] | None:
         messages = [{"role": "user", "content": prompt_text(words, variant, suffix)}]
         try:

@@ -1,6 +1,7 @@
 """How a bench run is shown: the readable tables (definitions first, then every cell's
 distributions and counts, the baselines, the ratios against their targets, the estimates), the
 JSON file (checked against stats.SCHEMA before it is written) and the optional plot."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,19 @@ from typing import TextIO
 
 from .stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
 
-LABELS = {"queue_ms": "queue", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E",
-          "delivery_ms": "delivery", "delivery_lower_ms": "deliv-lo"}
-PLOT_MISSING = ("--plot needs matplotlib, an optional extra: pip install 'kvscope[plot]' (or pip install matplotlib); "
-                "the table and the JSON are complete without it")
+LABELS = {
+    "queue_ms": "queue",
+    "ttft_ms": "TTFT",
+    "tpot_ms": "TPOT",
+    "itl_ms": "ITL",
+    "e2e_ms": "E2E",
+    "delivery_ms": "delivery",
+    "delivery_lower_ms": "deliv-lo",
+}
+PLOT_MISSING = (
+    "--plot needs matplotlib, an optional extra: pip install 'kvscope[plot]' (or pip install matplotlib); "
+    "the table and the JSON are complete without it"
+)
 
 
 def finish(report: dict, args: argparse.Namespace, started_at: datetime, out: TextIO | None = None) -> int:
@@ -30,8 +40,9 @@ def finish(report: dict, args: argparse.Namespace, started_at: datetime, out: Te
     return 1 if report["totals"]["errors"] else 0
 
 
-def write_json(report: dict, path: str | None, started_at: datetime, schema: dict = SCHEMA,
-               name: str = "bench") -> Path:
+def write_json(
+    report: dict, path: str | None, started_at: datetime, schema: dict = SCHEMA, name: str = "bench"
+) -> Path:
     problems = validate(report, schema)
     if problems:  # a bug in the bench, not in the engine: say so rather than write a broken file
         raise RuntimeError("bench output does not match its schema:\n  " + "\n  ".join(problems[:20]))
@@ -42,6 +53,7 @@ def write_json(report: dict, path: str | None, started_at: datetime, schema: dic
 
 
 # ---- the table ---------------------------------------------------------------------------------
+
 
 def _f(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
@@ -57,12 +69,18 @@ def print_report(report: dict, out: TextIO) -> None:
     m, machine, ceil = report["model"], report["machine"], report["ceilings"]
     where = "in-process engine" if report["mode"] == "in-process" else f"over the WebSocket {report['url']}"
     load = machine.get("load_average_start")
-    print(f"\nkvscope bench: {m['name']}, {m['params'] / 1e6:.1f}M parameters, {m['dtype']} on {m['device_name']}; "
-          f"{where}", file=out)
-    print(f"machine: {machine['platform']}, {machine['cpu_count']} CPUs"
-          + (f", load average {load[0]:.2f} at the start" if load else "")
-          + f"; measured ceilings: copy {ceil['copy_gb_per_s']:.1f} GB/s (read+write), "
-            f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s", file=out)
+    print(
+        f"\nkvscope bench: {m['name']}, {m['params'] / 1e6:.1f}M parameters, {m['dtype']} on {m['device_name']}; "
+        f"{where}",
+        file=out,
+    )
+    print(
+        f"machine: {machine['platform']}, {machine['cpu_count']} CPUs"
+        + (f", load average {load[0]:.2f} at the start" if load else "")
+        + f"; measured ceilings: copy {ceil['copy_gb_per_s']:.1f} GB/s (read+write), "
+        f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s",
+        file=out,
+    )
     print(f"command: {report['command']}", file=out)
     print("\nDefinitions (as vLLM's `bench serve`; milliseconds, measured where the client reads events):", file=out)
     delivery = ("delivery_ms", "delivery_lower_ms") if report["mode"] == "websocket" else ("delivery_ms",)
@@ -76,33 +94,49 @@ def print_report(report: dict, out: TextIO) -> None:
     if report["kv_cache_off"]:
         _cache_off(report["kv_cache_off"], out)
     t = report["totals"]
-    print(f"\nTotals: {t['requests']} requests: {t['completed']} completed, {t['timeouts']} timeouts, "
-          f"{t['cancelled']} cancelled, {t['errors']} errors"
-          + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(t['reasons'].items()) if not k.startswith('completed'))})"
-             if t["requests"] > t["completed"] else ""), file=out)
+    print(
+        f"\nTotals: {t['requests']} requests: {t['completed']} completed, {t['timeouts']} timeouts, "
+        f"{t['cancelled']} cancelled, {t['errors']} errors"
+        + (
+            f" ({', '.join(f'{k} x{v}' for k, v in sorted(t['reasons'].items()) if not k.startswith('completed'))})"
+            if t["requests"] > t["completed"]
+            else ""
+        ),
+        file=out,
+    )
     for note in report["notes"]:
         print(f"note: {note}", file=out)
 
 
 def _cells(cells: list[dict], delivery: tuple[str, ...], out: TextIO) -> None:
-    print("\nPer cell: distributions over completed requests (ITL pooled over their tokens); "
-          "every request counted", file=out)
+    print(
+        "\nPer cell: distributions over completed requests (ITL pooled over their tokens); every request counted",
+        file=out,
+    )
     for c in cells:
         t = c["totals"]
-        print(f"\nprompt {c['prompt_tokens']} tokens x up to {c['output_tokens_target']} out x {c['concurrency']} "
-              f"client(s), {c['repeats']} repeat(s): {t['requests']} requests = {t['completed']} completed + "
-              f"{t['timeouts']} timeouts + {t['cancelled']} cancelled + {t['errors']} errors; "
-              f"{_f(c['output_tokens']['mean'])} tokens out on average, {_f(c['throughput_tokens_per_s'])} tokens/s",
-              file=out)
+        print(
+            f"\nprompt {c['prompt_tokens']} tokens x up to {c['output_tokens_target']} out x {c['concurrency']} "
+            f"client(s), {c['repeats']} repeat(s): {t['requests']} requests = {t['completed']} completed + "
+            f"{t['timeouts']} timeouts + {t['cancelled']} cancelled + {t['errors']} errors; "
+            f"{_f(c['output_tokens']['mean'])} tokens out on average, {_f(c['throughput_tokens_per_s'])} tokens/s",
+            file=out,
+        )
         print(f"  {'metric':8} {'n':>5} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}", file=out)
         for key in METRICS:
             d = c["metrics"][key]
-            print(f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean']):>9} {_f(d['p50']):>9} {_f(d['p90']):>9} "
-                  f"{_f(d['p99']):>9}", file=out)
+            print(
+                f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean']):>9} {_f(d['p50']):>9} {_f(d['p90']):>9} "
+                f"{_f(d['p99']):>9}",
+                file=out,
+            )
         for key in delivery:
             d = c[key]
-            print(f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean'], 2):>9} {_f(d['p50'], 2):>9} {_f(d['p90'], 2):>9} "
-                  f"{_f(d['p99'], 2):>9}", file=out)
+            print(
+                f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean'], 2):>9} {_f(d['p50'], 2):>9} {_f(d['p90'], 2):>9} "
+                f"{_f(d['p99'], 2):>9}",
+                file=out,
+            )
 
 
 def _group(comparisons: list[dict]) -> dict[tuple[int, int], list[dict]]:
@@ -122,21 +156,29 @@ def _spread(rows: list[dict], key: str) -> dict:
 
 
 def _baselines(comparisons: list[dict], out: TextIO) -> None:
-    print("\nBaselines: same model object, prompt and machine, interleaved in each repeat "
-          "(medians over repeats; ratios median [min-max])", file=out)
-    print(f"  {'prompt':>6} {'out':>5} {'reps':>4} | {'step ms: engine':>15} {'bare':>7} {'generate':>8} "
-          f"{'engine/bare':>20} | {'tok/s: engine':>13} {'bare':>6} {'generate':>8} {'engine/generate':>20} | greedy",
-          file=out)
+    print(
+        "\nBaselines: same model object, prompt and machine, interleaved in each repeat "
+        "(medians over repeats; ratios median [min-max])",
+        file=out,
+    )
+    print(
+        f"  {'prompt':>6} {'out':>5} {'reps':>4} | {'step ms: engine':>15} {'bare':>7} {'generate':>8} "
+        f"{'engine/bare':>20} | {'tok/s: engine':>13} {'bare':>6} {'generate':>8} {'engine/generate':>20} | greedy",
+        file=out,
+    )
     for (p, o), rows in _group(comparisons).items():
         identical = {r["greedy_identical"] for r in rows}
         same = "identical" if identical == {True} else "DIFFERENT" if False in identical else "-"
-        print(f"  {p:>6} {o:>5} {len(rows):>4} | {_f(_median(rows, 'engine', 'step_ms_median')):>15} "
-              f"{_f(_median(rows, 'bare_loop', 'step_ms_median')):>7} "
-              f"{_f(_median(rows, 'generate_streamer', 'step_ms_median')):>8} "
-              f"{_x(_spread(rows, 'engine_step_over_bare'), 3):>20} | "
-              f"{_f(_median(rows, 'engine', 'tokens_per_s')):>13} {_f(_median(rows, 'bare_loop', 'tokens_per_s')):>6} "
-              f"{_f(_median(rows, 'generate_streamer', 'tokens_per_s')):>8} "
-              f"{_x(_spread(rows, 'engine_tps_over_generate')):>20} | {same}", file=out)
+        print(
+            f"  {p:>6} {o:>5} {len(rows):>4} | {_f(_median(rows, 'engine', 'step_ms_median')):>15} "
+            f"{_f(_median(rows, 'bare_loop', 'step_ms_median')):>7} "
+            f"{_f(_median(rows, 'generate_streamer', 'step_ms_median')):>8} "
+            f"{_x(_spread(rows, 'engine_step_over_bare'), 3):>20} | "
+            f"{_f(_median(rows, 'engine', 'tokens_per_s')):>13} {_f(_median(rows, 'bare_loop', 'tokens_per_s')):>6} "
+            f"{_f(_median(rows, 'generate_streamer', 'tokens_per_s')):>8} "
+            f"{_x(_spread(rows, 'engine_tps_over_generate')):>20} | {same}",
+            file=out,
+        )
 
 
 def _ratios(ratios: dict, out: TextIO) -> None:
@@ -155,16 +197,24 @@ def _ratios(ratios: dict, out: TextIO) -> None:
 
 
 def _estimates(cells: list[dict], out: TextIO) -> None:
-    print("\nEstimates (computed from measured medians and the model's shape): prefill FLOP/s = "
-          "(2 x non-embedding params x T + attention) / prefill time; decode bandwidth = "
-          "(weights + KV cache bytes at mid-answer) / engine step", file=out)
-    print(f"  {'prompt':>6} {'out':>5} {'conc':>4} | {'GFLOP/s':>8} {'of matmul':>9} | {'GB/s':>6} {'of copy':>8}",
-          file=out)
+    print(
+        "\nEstimates (computed from measured medians and the model's shape): prefill FLOP/s = "
+        "(2 x non-embedding params x T + attention) / prefill time; decode bandwidth = "
+        "(weights + KV cache bytes at mid-answer) / engine step",
+        file=out,
+    )
+    print(
+        f"  {'prompt':>6} {'out':>5} {'conc':>4} | {'GFLOP/s':>8} {'of matmul':>9} | {'GB/s':>6} {'of copy':>8}",
+        file=out,
+    )
     for c in cells:
         e = c["estimates"]
-        print(f"  {c['prompt_tokens']:>6} {c['output_tokens_target']:>5} {c['concurrency']:>4} | "
-              f"{_f(e['prefill_gflop_per_s']):>8} {_pct(e['prefill_fraction_of_matmul']):>9} | "
-              f"{_f(e['decode_gb_per_s'], 2):>6} {_pct(e['decode_fraction_of_copy']):>8}", file=out)
+        print(
+            f"  {c['prompt_tokens']:>6} {c['output_tokens_target']:>5} {c['concurrency']:>4} | "
+            f"{_f(e['prefill_gflop_per_s']):>8} {_pct(e['prefill_fraction_of_matmul']):>9} | "
+            f"{_f(e['decode_gb_per_s'], 2):>6} {_pct(e['decode_fraction_of_copy']):>8}",
+            file=out,
+        )
 
 
 def _pct(x: float | None) -> str:
@@ -172,27 +222,37 @@ def _pct(x: float | None) -> str:
 
 
 def _cache_off(probe: dict, out: TextIO) -> None:
-    print(f"\nKV cache off: the same {probe['prompt_tokens']}-token prompt, the engine's model time per decode step",
-          file=out)
+    print(
+        f"\nKV cache off: the same {probe['prompt_tokens']}-token prompt, the engine's model time per decode step",
+        file=out,
+    )
     for key, label in (("with_cache", "with the cache"), ("without_cache", "without it")):
         r = probe[key]
-        print(f"  {label:15} step 1: {_f(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
-              f"{_f(r['last_step_ms'])} ms (x{_f(r['growth'], 2)}), {r['outcome']}", file=out)
+        print(
+            f"  {label:15} step 1: {_f(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
+            f"{_f(r['last_step_ms'])} ms (x{_f(r['growth'], 2)}), {r['outcome']}",
+            file=out,
+        )
     on, off = probe["with_cache"]["last_step_ms"], probe["without_cache"]["last_step_ms"]
     if on and off:
-        print(f"  at the last step, without the cache each token costs {off / on:.1f}x as much: every step "
-              "recomputes the whole sequence, a prefill per token", file=out)
+        print(
+            f"  at the last step, without the cache each token costs {off / on:.1f}x as much: every step "
+            "recomputes the whole sequence, a prefill per token",
+            file=out,
+        )
     same = {True: "yes", False: "NO", None: "-"}[probe["greedy_identical"]]
     print(f"  greedy output identical with and without the cache: {same}", file=out)
 
 
 # ---- the plot ----------------------------------------------------------------------------------
 
+
 def plot(report: dict, path: str) -> str | None:
     """TTFT p50 (bars to p90) against prompt length, one line per output length and concurrency;
     and the pooled ITL distribution of each cell. Returns a message when it cannot draw."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -211,8 +271,12 @@ def plot(report: dict, path: str) -> str | None:
         up = [r["metrics"]["ttft_ms"]["p90"] - r["metrics"]["ttft_ms"]["p50"] for r in rows]
         left.errorbar(x, p50, yerr=[[0] * len(x), up], marker="o", capsize=3, label=f"out {o}, {conc} client(s)")
     lengths = sorted({c["prompt_tokens"] for c in cells})
-    left.set(xscale="log", xlabel="prompt tokens (log scale)", ylabel="TTFT ms (p50, bar to p90)",
-             title="Time to first token")
+    left.set(
+        xscale="log",
+        xlabel="prompt tokens (log scale)",
+        ylabel="TTFT ms (p50, bar to p90)",
+        title="Time to first token",
+    )
     left.set_xticks(lengths, [str(n) for n in lengths])
     left.minorticks_off()
     left.legend(fontsize=8)
@@ -221,9 +285,11 @@ def plot(report: dict, path: str) -> str | None:
     keep = [(c, d) for c, d in zip(with_itl, data) if d]
     if keep:
         right.boxplot([d for _, d in keep], whis=(1, 99), showfliers=False)
-        right.set_xticks(range(1, len(keep) + 1),
-                         [f"p{c['prompt_tokens']}\no{c['output_tokens_target']}\nx{c['concurrency']}" for c, _ in keep],
-                         fontsize=7)
+        right.set_xticks(
+            range(1, len(keep) + 1),
+            [f"p{c['prompt_tokens']}\no{c['output_tokens_target']}\nx{c['concurrency']}" for c, _ in keep],
+            fontsize=7,
+        )
     right.set(ylabel="ITL ms (box p25-p75, whiskers p1-p99)", title="Inter-token latency per cell")
     m = report["model"]
     fig.suptitle(f"kvscope bench (measured): {m['name']}, {m['dtype']} on {m['device_name']}", fontsize=10)

@@ -1,6 +1,7 @@
 """`kvscope bench`, a serving benchmark of the engine (in-process or over the real WebSocket) with
 baselines interleaved on the same model: the command line, and the run in order (open the target,
 fit prompts, measure, assemble the report that report.py prints and writes as JSON passing stats.SCHEMA)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from model_runner.errors import UserError
+from model_runner.request import LIMITS
+
 from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Grid, cells_of
 from .measure import Bench
 from .progress import Progress, work
@@ -19,15 +23,28 @@ from .ratios import ratio_report, totals
 from .report import finish
 from .stats import DEFINITIONS
 from .target import Target, open_target
-from model_runner.errors import UserError
-from model_runner.request import LIMITS
 
 # The names callers and tests import from bench.runner, which was once the whole benchmark.
-__all__ = ["FULL", "QUICK", "INSTRUCTION", "Bench", "Grid", "Target", "add_parser", "cells_of", "fit_prompt",
-           "grid_from", "measure", "ratio_report", "run_bench", "totals"]
+__all__ = [
+    "FULL",
+    "QUICK",
+    "INSTRUCTION",
+    "Bench",
+    "Grid",
+    "Target",
+    "add_parser",
+    "cells_of",
+    "fit_prompt",
+    "grid_from",
+    "measure",
+    "ratio_report",
+    "run_bench",
+    "totals",
+]
 
 
 # ---- command line ------------------------------------------------------------------------------
+
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
@@ -41,40 +58,78 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def add_parser(subparsers) -> None:
     b = subparsers.add_parser(
-        "bench", help="measure queue, TTFT, TPOT, ITL and E2E against a bare loop and generate()",
+        "bench",
+        help="measure queue, TTFT, TPOT, ITL and E2E against a bare loop and generate()",
         description="Benchmark the engine like a serving benchmark: a grid of prompt lengths x output lengths x "
-                    "concurrent clients, repeated, with baselines interleaved on the same model.")
-    b.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M-Instruct), 'fake', or a "
-                   "transformers folder / cached hub id; with --via-websocket, the model the server runs")
+        "concurrent clients, repeated, with baselines interleaved on the same model.",
+    )
+    b.add_argument(
+        "--model",
+        default="default",
+        help="'default' (bundled SmolLM2-135M-Instruct), 'fake', or a "
+        "transformers folder / cached hub id; with --via-websocket, the model the server runs",
+    )
     b.add_argument("--device", default="auto", help="auto, cuda, mps or cpu")
     b.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    b.add_argument("--quick", action="store_true", help=f"a small grid that ends in under 3 minutes on 2 CPU cores ({QUICK_NOTE})")
-    b.add_argument("--prompt-lens", type=_int_list, help=f"prompt tokens, comma-separated (default {_join(FULL.prompt_lens)})")
-    b.add_argument("--output-lens", type=_int_list, help=f"max new tokens, comma-separated (default {_join(FULL.output_lens)})")
-    b.add_argument("--concurrency", type=_int_list, help=f"concurrent clients, comma-separated (default {_join(FULL.concurrency)})")
+    b.add_argument(
+        "--quick", action="store_true", help=f"a small grid that ends in under 3 minutes on 2 CPU cores ({QUICK_NOTE})"
+    )
+    b.add_argument(
+        "--prompt-lens", type=_int_list, help=f"prompt tokens, comma-separated (default {_join(FULL.prompt_lens)})"
+    )
+    b.add_argument(
+        "--output-lens", type=_int_list, help=f"max new tokens, comma-separated (default {_join(FULL.output_lens)})"
+    )
+    b.add_argument(
+        "--concurrency", type=_int_list, help=f"concurrent clients, comma-separated (default {_join(FULL.concurrency)})"
+    )
     b.add_argument("--repeats", type=int, help=f"repetitions of each cell (default {FULL.repeats})")
-    b.add_argument("--via-websocket", metavar="URL", help="drive a running `kvscope serve` through its /ws protocol "
-                   "(e.g. ws://127.0.0.1:8000/ws) instead of an in-process engine")
-    b.add_argument("--timeout", type=float, help="per-request timeout_s sent with each request (default: the "
-                   "server's limit; in-process the engine's limit is 600 s)")
+    b.add_argument(
+        "--via-websocket",
+        metavar="URL",
+        help="drive a running `kvscope serve` through its /ws protocol "
+        "(e.g. ws://127.0.0.1:8000/ws) instead of an in-process engine",
+    )
+    b.add_argument(
+        "--timeout",
+        type=float,
+        help="per-request timeout_s sent with each request (default: the "
+        "server's limit; in-process the engine's limit is 600 s)",
+    )
     b.add_argument("--no-baselines", action="store_true", help="skip the bare loop and generate() baselines")
     b.add_argument("--no-cache-probe", action="store_true", help="skip the kv_cache=false probe")
     b.add_argument("--json", metavar="PATH", help="where to write the results (default bench-YYYYMMDD-HHMMSS.json)")
     b.add_argument("--plot", metavar="PNG", help="draw TTFT vs prompt length and ITL distributions (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    b.add_argument("--kv-cache-mb", type=float, help="the in-process engine's KV pool in MiB (default: one context "
-                   "window); small pools show preemptions")
+    b.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        help="the in-process engine's KV pool in MiB (default: one context window); small pools show preemptions",
+    )
     c = b.add_argument_group("continuous batching (instead of the grid; in-process, see docs/performance.md)")
-    c.add_argument("--batching", action="store_true", help="aggregate tokens/s of --concurrency clients (default "
-                   "8,16) batched vs the same requests one at a time (max_num_seqs=1) vs transformers' "
-                   "generate_batch, greedy equality, and a lone client's step vs the bare loop; one --prompt-lens "
-                   "(default 64) and --output-lens (default 32), --repeats (default 1)")
-    c.add_argument("--class", dest="class_scenario", action="store_true", help="the class scenario: 16 clients, "
-                   "mixed short/long prompts and answers, all at once and with seeded random arrivals, batched vs "
-                   "one at a time: TTFT/TPOT/ITL p50/p95/p99, preemptions, prefix-cache hits, failures")
+    c.add_argument(
+        "--batching",
+        action="store_true",
+        help="aggregate tokens/s of --concurrency clients (default "
+        "8,16) batched vs the same requests one at a time (max_num_seqs=1) vs transformers' "
+        "generate_batch, greedy equality, and a lone client's step vs the bare loop; one --prompt-lens "
+        "(default 64) and --output-lens (default 32), --repeats (default 1)",
+    )
+    c.add_argument(
+        "--class",
+        dest="class_scenario",
+        action="store_true",
+        help="the class scenario: 16 clients, "
+        "mixed short/long prompts and answers, all at once and with seeded random arrivals, batched vs "
+        "one at a time: TTFT/TPOT/ITL p50/p95/p99, preemptions, prefix-cache hits, failures",
+    )
     c.add_argument("--seed", type=int, default=0, help="the class scenario's mix order and arrival times (default 0)")
-    c.add_argument("--arrival-s", type=float, default=4.0, help="the class scenario's arrivals spread over this "
-                   "many seconds (default 4)")
+    c.add_argument(
+        "--arrival-s",
+        type=float,
+        default=4.0,
+        help="the class scenario's arrivals spread over this many seconds (default 4)",
+    )
     b.set_defaults(func=run_bench)
 
 
@@ -84,8 +139,12 @@ def _join(values) -> str:
 
 def grid_from(args: argparse.Namespace) -> Grid:
     base = QUICK if args.quick else FULL
-    grid = Grid(args.prompt_lens or base.prompt_lens, args.output_lens or base.output_lens,
-                args.concurrency or base.concurrency, args.repeats or base.repeats)
+    grid = Grid(
+        args.prompt_lens or base.prompt_lens,
+        args.output_lens or base.output_lens,
+        args.concurrency or base.concurrency,
+        args.repeats or base.repeats,
+    )
     if grid.repeats < 1:
         raise UserError("--repeats must be at least 1", field="repeats")
     if args.timeout is not None and not 0 < args.timeout <= LIMITS["timeout_s"]:
@@ -98,8 +157,12 @@ def command_line(args: argparse.Namespace, grid: Grid) -> str:
     parts += [f"--device {args.device}"] if args.device != "auto" else []
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     parts += ["--quick"] if args.quick else []
-    parts += [f"--prompt-lens {_join(grid.prompt_lens)}", f"--output-lens {_join(grid.output_lens)}",
-              f"--concurrency {_join(grid.concurrency)}", f"--repeats {grid.repeats}"]
+    parts += [
+        f"--prompt-lens {_join(grid.prompt_lens)}",
+        f"--output-lens {_join(grid.output_lens)}",
+        f"--concurrency {_join(grid.concurrency)}",
+        f"--repeats {grid.repeats}",
+    ]
     parts += [f"--via-websocket {args.via_websocket}"] if args.via_websocket else []
     parts += [f"--timeout {args.timeout:g}"] if args.timeout else []
     parts += ["--no-baselines"] if args.no_baselines else []
@@ -110,13 +173,23 @@ def command_line(args: argparse.Namespace, grid: Grid) -> str:
 
 # ---- one run -----------------------------------------------------------------------------------
 
+
 def machine_info(facts) -> dict[str, Any]:
     import torch
     import transformers
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "device": facts.device,
-            "device_name": facts.device_name, "load_average_start": _load()}
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": facts.device,
+        "device_name": facts.device_name,
+        "load_average_start": _load(),
+    }
 
 
 def _load() -> list[float] | None:
@@ -129,11 +202,15 @@ def _load() -> list[float] | None:
 def run_bench(args: argparse.Namespace) -> int:
     if getattr(args, "batching", False) or getattr(args, "class_scenario", False):
         from .batching import run_batching
+
         return run_batching(args)
     grid = grid_from(args)
     started_at, t0 = datetime.now(timezone.utc), time.monotonic()
-    print(f"kvscope bench: loading {args.model} ({'over ' + args.via_websocket if args.via_websocket else 'in-process'})",
-          file=sys.stderr, flush=True)
+    print(
+        f"kvscope bench: loading {args.model} ({'over ' + args.via_websocket if args.via_websocket else 'in-process'})",
+        file=sys.stderr,
+        flush=True,
+    )
     target = open_target(args, max(grid.concurrency))
     bench = Bench(args, target, grid)
     try:
@@ -151,9 +228,12 @@ def fit_prompts(bench: Bench) -> dict[int, Prompt]:
         prompts[p] = prompt = fit_prompt(bench.target.describe, p)
         longest = prompt.tokens + max(bench.grid.output_lens)
         if longest > facts.context_window:
-            raise UserError(f"prompt {prompt.tokens} + output {max(bench.grid.output_lens)} tokens exceeds "
-                            f"{facts.name}'s context window of {facts.context_window}; choose smaller "
-                            "--prompt-lens or --output-lens", field="prompt_lens")
+            raise UserError(
+                f"prompt {prompt.tokens} + output {max(bench.grid.output_lens)} tokens exceeds "
+                f"{facts.name}'s context window of {facts.context_window}; choose smaller "
+                "--prompt-lens or --output-lens",
+                field="prompt_lens",
+            )
         if prompt.tokens != p:
             bench.notes.append(f"prompt target {p} tokens: the closest deterministic prompt has {prompt.tokens}")
     return prompts
@@ -165,8 +245,10 @@ def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
     machine = machine_info(bench.facts)
     prompts = fit_prompts(bench)
     probe_prompt = prompts[grid.prompt_lens[0]]
-    total = sum(work(prompts[c.prompt].tokens, c.output) * c.repeats * (c.clients + len(bench.runners(c)) - 1)
-                for c in cells_of(grid, args.quick, bench.baselines))
+    total = sum(
+        work(prompts[c.prompt].tokens, c.output) * c.repeats * (c.clients + len(bench.runners(c)) - 1)
+        for c in cells_of(grid, args.quick, bench.baselines)
+    )
     total += 0 if args.no_cache_probe else work(probe_prompt.tokens, CACHE_OFF_TOKENS[args.quick]) * 6
     progress = Progress(total, enabled=not args.no_progress)
     progress.step("measuring the machine: memory copy and matmul", 0)
@@ -183,23 +265,43 @@ def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
     progress.close()
     bench.apply_ceilings(cells, comparisons)
     if comparisons:
-        bench.notes.append("where the baselines ran, the engine they were compared with ran its own step() on "
-                           "their thread, its worker thread never started (same code per token, same torch "
-                           "thread); the other cells used " + ("the server" if bench.target.mode == "websocket"
-                                                               else "the engine's worker thread"))
+        bench.notes.append(
+            "where the baselines ran, the engine they were compared with ran its own step() on "
+            "their thread, its worker thread never started (same code per token, same torch "
+            "thread); the other cells used "
+            + ("the server" if bench.target.mode == "websocket" else "the engine's worker thread")
+        )
     if bench.generate_skip:
         bench.notes.append(f"generate+streamer baseline skipped: {bench.generate_skip}")
     machine["load_average_end"] = _load()
     ok = [r for r in records if r.outcome == "completed"]
     delivery = ([x for r in ok for x in r.delivery_ms], [x for r in ok for x in r.delivery_lower_ms])
     return {
-        "kind": "kvscope-bench", "version": 1, "mode": bench.target.mode, "url": args.via_websocket,
-        "started_at": started_at.isoformat(timespec="seconds"), "duration_s": round(time.monotonic() - t0, 1),
-        "command": command_line(args, grid), "machine": machine, "model": bench.facts.to_dict(),
-        "settings": {"prompt_lens": list(grid.prompt_lens), "output_lens": list(grid.output_lens),
-                     "concurrency": list(grid.concurrency), "repeats": grid.repeats, "quick": args.quick,
-                     "baselines": bench.baselines, "timeout_s": args.timeout, "sampling": "greedy"},
-        "definitions": DEFINITIONS, "ceilings": bench.ceilings, "cells": cells, "comparisons": comparisons,
+        "kind": "kvscope-bench",
+        "version": 1,
+        "mode": bench.target.mode,
+        "url": args.via_websocket,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "command": command_line(args, grid),
+        "machine": machine,
+        "model": bench.facts.to_dict(),
+        "settings": {
+            "prompt_lens": list(grid.prompt_lens),
+            "output_lens": list(grid.output_lens),
+            "concurrency": list(grid.concurrency),
+            "repeats": grid.repeats,
+            "quick": args.quick,
+            "baselines": bench.baselines,
+            "timeout_s": args.timeout,
+            "sampling": "greedy",
+        },
+        "definitions": DEFINITIONS,
+        "ceilings": bench.ceilings,
+        "cells": cells,
+        "comparisons": comparisons,
         "ratios": ratio_report(comparisons, cells, delivery, bench.target.mode),
-        "kv_cache_off": probe, "totals": totals(records), "notes": bench.notes,
+        "kv_cache_off": probe,
+        "totals": totals(records),
+        "notes": bench.notes,
     }

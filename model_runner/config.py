@@ -1,5 +1,6 @@
 """The engine's settings and the server's limits, in one place: the engine reads EngineConfig, the
 Flask app's DEFAULTS and the `kvscope serve` flags take their defaults from the same constants."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
 """Incremental detokenization on bytes: each token's bytes join a buffer and only complete UTF-8
 characters are released, so a character split across tokens (an emoji) is pending, never U+FFFD."""
+
 from __future__ import annotations
 
 from .tokenizer import ByteTokenizer, HFTokenizer
@@ -15,7 +16,17 @@ def _complete_prefix_len(buf: bytes) -> int:
     if i < 0:
         return n
     lead = buf[i]
-    need = 1 if lead < 0x80 else 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
+    need = (
+        1
+        if lead < 0x80
+        else 2
+        if lead >> 5 == 0b110
+        else 3
+        if lead >> 4 == 0b1110
+        else 4
+        if lead >> 3 == 0b11110
+        else 1
+    )
     return n if n - i >= need else i
 
 

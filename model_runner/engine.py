@@ -4,6 +4,7 @@ newly admitted ones) → postprocess (sample per request, stop checks, events). 
 submit, cancel or change the scheduling policy; each request's events go to its own bounded
 stream and the engine feed goes to observers, so the worker never waits on a slow reader. Every
 request ends with exactly one terminal event (finished, cancelled or error), whatever happens."""
+
 from __future__ import annotations
 
 import itertools
@@ -97,8 +98,11 @@ class Engine:
     def _prepare(self) -> None:
         """The paged pool and the batched forward, once the model is loaded."""
         facts, size = self.loaded.facts, self.config.block_size
-        blocks = (blocks_for_megabytes(self.config.kv_cache_mb, facts, size) if self.config.kv_cache_mb is not None
-                  else default_blocks(facts, size))
+        blocks = (
+            blocks_for_megabytes(self.config.kv_cache_mb, facts, size)
+            if self.config.kv_cache_mb is not None
+            else default_blocks(facts, size)
+        )
         self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
         self._forward = BatchForward(self.loaded.model, self.pool)
@@ -115,18 +119,35 @@ class Engine:
         more KV blocks than the whole pool holds)."""
         self._require_ready()
         view = plan(self.loaded.tokenizer, params, self.loaded.facts.context_window)
-        seq = Sequence(id=request_id or f"req-{next(self._ids)}", params=params, prompt_ids=view.ids,
-                       max_new_tokens=view.budget["max_new_tokens"], key=f"r{next(self._keys)}", label=label)
+        seq = Sequence(
+            id=request_id or f"req-{next(self._ids)}",
+            params=params,
+            prompt_ids=view.ids,
+            max_new_tokens=view.budget["max_new_tokens"],
+            key=f"r{next(self._keys)}",
+            label=label,
+        )
         self._require_room(seq)
         handle = seq.stream = RequestHandle(seq, self.config.event_buffer, self._cancel)
         with self._lock:
             if self._closed is not None:  # checked under the lock: the worker may be draining now
                 raise UserError(f"the model is not available: {self._closed}", code="model_failed")
             self.scheduler.add(seq)  # raises overloaded before anything is emitted
-            handle.push(ev.Accepted(
-                seq.id, seq.ms_since_submit(), view.prompt_tokens, view.content_tokens, view.template_tokens,
-                seq.max_new_tokens, self.loaded.facts.context_window, view.budget, params.delivery,
-                params.kv_cache, params.prefill_chunk))
+            handle.push(
+                ev.Accepted(
+                    seq.id,
+                    seq.ms_since_submit(),
+                    view.prompt_tokens,
+                    view.content_tokens,
+                    view.template_tokens,
+                    seq.max_new_tokens,
+                    self.loaded.facts.context_window,
+                    view.budget,
+                    params.delivery,
+                    params.kv_cache,
+                    params.prefill_chunk,
+                )
+            )
             self._announce_positions()
             self._wake.notify_all()
         return handle
@@ -140,7 +161,9 @@ class Engine:
                 f"this request needs up to {need} KV blocks ({len(seq.prompt_ids)} prompt + {seq.max_new_tokens} new "
                 f"tokens, {self.pool.block_size} a block) but the whole pool holds {self.pool.total_blocks}; "
                 "lower `max_new_tokens`, shorten the messages, or start the server with a larger --kv-cache-mb",
-                code="too_large", field="max_new_tokens")
+                code="too_large",
+                field="max_new_tokens",
+            )
 
     def _require_ready(self) -> None:
         ok, why = self.health() if self._thread is not None else (True, "")
@@ -178,8 +201,11 @@ class Engine:
         """Counters and the pool, for health pages and observers that join late."""
         with self._lock:
             return {
-                "waiting": len(self.scheduler.waiting), "running": len(self.scheduler.running),
-                "steps": self.steps, "preemptions": self.preemptions, "prefix_hit_tokens": self.prefix_hit_tokens,
+                "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running),
+                "steps": self.steps,
+                "preemptions": self.preemptions,
+                "prefix_hit_tokens": self.prefix_hit_tokens,
                 "policy": self.scheduler.policy.to_dict(),
                 "kv": self.pool.usage().to_dict() if self.pool else None,
             }
@@ -195,8 +221,12 @@ class Engine:
     def _worker(self) -> None:
         try:
             if self.loaded is None:
-                self.loaded = load(self.config.model, self.config.device, self.config.dtype,
-                                   progress=lambda msg: log.info("model: %s", msg))
+                self.loaded = load(
+                    self.config.model,
+                    self.config.device,
+                    self.config.dtype,
+                    progress=lambda msg: log.info("model: %s", msg),
+                )
                 self._prepare()
         except Exception as exc:  # any load failure is reported, never a silent dead page
             self._status, self._reason = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -298,9 +328,13 @@ class Engine:
         params, facts = seq.params, self.loaded.facts
         seq.prefill_start = time.monotonic()
         seq.detok = IncrementalDetokenizer(self.loaded.tokenizer)
-        seq.stopper = StopChecker(eos_ids=self.loaded.tokenizer.eos_ids, stop=params.stop,
-                                  max_new_tokens=seq.max_new_tokens, prompt_tokens=len(seq.prompt_ids),
-                                  context_window=facts.context_window)
+        seq.stopper = StopChecker(
+            eos_ids=self.loaded.tokenizer.eos_ids,
+            stop=params.stop,
+            max_new_tokens=seq.max_new_tokens,
+            prompt_tokens=len(seq.prompt_ids),
+            context_window=facts.context_window,
+        )
         seq.generator = make_generator(params.sampling, torch.device(facts.device))
 
     def _chunk_size(self, seq: Sequence) -> int:
@@ -315,9 +349,13 @@ class Engine:
         if not seq.uses_cache:
             return {"cache_tokens": 0, "measured": 0, "formula": 0, "kv_blocks": 0, "kv_bytes_reserved": 0}
         blocks = len(self.pool.blocks_of(seq))
-        return {"cache_tokens": seq.cached, "measured": self.pool.measured_bytes(seq.cached),
-                "formula": self.pool.formula_bytes(seq.cached), "kv_blocks": blocks,
-                "kv_bytes_reserved": blocks * self.pool.bytes_per_block}
+        return {
+            "cache_tokens": seq.cached,
+            "measured": self.pool.measured_bytes(seq.cached),
+            "formula": self.pool.formula_bytes(seq.cached),
+            "kv_blocks": blocks,
+            "kv_bytes_reserved": blocks * self.pool.bytes_per_block,
+        }
 
     def _candidates(self, choice: Choice) -> list[ev.Candidate]:
         tok = self.loaded.tokenizer
@@ -336,15 +374,19 @@ class Engine:
                 log.error("postprocessing %s failed: %s", work.seq.id, exc)
                 log.debug("%s", traceback.format_exc())
                 with self._lock:
-                    self._end(work.seq, error=("internal", f"choosing the next token failed: {type(exc).__name__}: {exc}"))
+                    self._end(
+                        work.seq, error=("internal", f"choosing the next token failed: {type(exc).__name__}: {exc}")
+                    )
 
-    def _postprocess_one(self, work: Work, logits: dict[int, torch.Tensor], now: float, step_ms: float,
-                         size: int) -> None:
+    def _postprocess_one(
+        self, work: Work, logits: dict[int, torch.Tensor], now: float, step_ms: float, size: int
+    ) -> None:
         seq = work.seq
         if work.kind == "prefill" and self._chunk_size(seq):
             done = seq.cached  # the chunk's end: the forward has just stored it
-            seq.stream.push(ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done,
-                                            step_ms, seq.cached))
+            seq.stream.push(
+                ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done, step_ms, seq.cached)
+            )
         if not work.wants_logits:
             return
         choice = choose(logits[id(work)], seq.params.sampling, seq.generator)
@@ -360,12 +402,27 @@ class Engine:
         self.scheduler.prefilled(seq)
         prefill_ms = (now - seq.prefill_start) * 1000
         n, kv = len(seq.prompt_ids), self._cache_numbers(seq)
-        seq.stream.push(ev.PrefillEnd(
-            seq.id, seq.ms_since_submit(now), n, prefill_ms, n / max(prefill_ms / 1000, 1e-9),
-            kv["cache_tokens"], kv["measured"], kv["formula"],
-            {"id": choice.token_id, "text": display_text(self.loaded.tokenizer, choice.token_id),
-             "prob": choice.prob, "candidates": self._candidates(choice)},
-            kv["kv_blocks"], kv["kv_bytes_reserved"], batch_size))
+        seq.stream.push(
+            ev.PrefillEnd(
+                seq.id,
+                seq.ms_since_submit(now),
+                n,
+                prefill_ms,
+                n / max(prefill_ms / 1000, 1e-9),
+                kv["cache_tokens"],
+                kv["measured"],
+                kv["formula"],
+                {
+                    "id": choice.token_id,
+                    "text": display_text(self.loaded.tokenizer, choice.token_id),
+                    "prob": choice.prob,
+                    "candidates": self._candidates(choice),
+                },
+                kv["kv_blocks"],
+                kv["kv_bytes_reserved"],
+                batch_size,
+            )
+        )
 
     def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int) -> None:
         seq.output_ids.append(choice.token_id)
@@ -378,10 +435,25 @@ class Engine:
             seq.first_text_at = now
         seq.released_text += released
         kv = self._cache_numbers(seq)
-        pushed = seq.stream.push(ev.Token(
-            seq.id, seq.ms_since_submit(now), index, choice.token_id, "" if buffered else released,
-            seq.detok.is_pending, step_ms, kv["cache_tokens"], kv["measured"], kv["formula"], choice.prob,
-            self._candidates(choice), kv["kv_blocks"], kv["kv_bytes_reserved"], batch_size))
+        pushed = seq.stream.push(
+            ev.Token(
+                seq.id,
+                seq.ms_since_submit(now),
+                index,
+                choice.token_id,
+                "" if buffered else released,
+                seq.detok.is_pending,
+                step_ms,
+                kv["cache_tokens"],
+                kv["measured"],
+                kv["formula"],
+                choice.prob,
+                self._candidates(choice),
+                kv["kv_blocks"],
+                kv["kv_bytes_reserved"],
+                batch_size,
+            )
+        )
         if not pushed and seq.cancel_cause is None:
             seq.cancel_cause = "slow_client"
         if reason is not None:
@@ -400,13 +472,23 @@ class Engine:
             if seq.prefill_start is None:
                 self._begin(seq)
                 self.prefix_hit_tokens += seq.prefix_hit
-                seq.stream.push(ev.PrefillStart(seq.id, seq.ms_since_submit(), len(seq.prompt_ids),
-                                                self._chunk_size(seq), seq.prefix_hit))
+                seq.stream.push(
+                    ev.PrefillStart(
+                        seq.id, seq.ms_since_submit(), len(seq.prompt_ids), self._chunk_size(seq), seq.prefix_hit
+                    )
+                )
             else:
                 seq.stream.push(ev.Resumed(seq.id, seq.ms_since_submit(), len(seq.tokens)))
-            self.feed.publish("engine_admit", request=seq.key, label=seq.label, prompt_tokens=len(seq.prompt_ids),
-                              cached_tokens=seq.prefix_hit, resumed=seq.preemptions > 0,
-                              waited_ms=round(seq.ms_since_submit(), 3), **self._feed_text(prompt=seq))
+            self.feed.publish(
+                "engine_admit",
+                request=seq.key,
+                label=seq.label,
+                prompt_tokens=len(seq.prompt_ids),
+                cached_tokens=seq.prefix_hit,
+                resumed=seq.preemptions > 0,
+                waited_ms=round(seq.ms_since_submit(), 3),
+                **self._feed_text(prompt=seq),
+            )
         self._announce_positions()
 
     def _announce_positions(self) -> None:
@@ -422,14 +504,27 @@ class Engine:
             usage = self.pool.usage().to_dict()
             waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
         self.feed.publish(
-            "engine_step", step=self.steps, ms=round(step_ms, 3), batch_tokens=batch.tokens,
-            batch=[{"request": w.seq.key, "label": w.seq.label, "kind": w.kind, "tokens": len(w.tokens),
+            "engine_step",
+            step=self.steps,
+            ms=round(step_ms, 3),
+            batch_tokens=batch.tokens,
+            batch=[
+                {
+                    "request": w.seq.key,
+                    "label": w.seq.label,
+                    "kind": w.kind,
+                    "tokens": len(w.tokens),
                     "blocks": self.pool.blocks_of(w.seq) if w.seq.uses_cache else [],
-                    "shared_blocks": self.pool.shared_blocks_of(w.seq) if w.seq.uses_cache else []}
-                   for w in batch.work + batch.recompute],
+                    "shared_blocks": self.pool.shared_blocks_of(w.seq) if w.seq.uses_cache else [],
+                }
+                for w in batch.work + batch.recompute
+            ],
             preempted=[seq.key for seq, _ in batch.preempted],
             prefix_hit_tokens=sum(seq.prefix_hit for seq in batch.admitted),
-            kv=usage, waiting=waiting, running=running)
+            kv=usage,
+            waiting=waiting,
+            running=running,
+        )
 
     def _feed_text(self, prompt: Sequence | None = None, answer: Sequence | None = None) -> dict[str, str]:
         """Prompt or answer text for the feed, only when the server allows it."""
@@ -454,8 +549,9 @@ class Engine:
         limit = min(seq.params.timeout_s or self.config.timeout_s, self.config.timeout_s)
         return seq.ms_since_submit() > limit * 1000
 
-    def _end(self, seq: Sequence, *, cancelled: bool = False, reason: str | None = None,
-             error: tuple[str, str] | None = None) -> None:
+    def _end(
+        self, seq: Sequence, *, cancelled: bool = False, reason: str | None = None, error: tuple[str, str] | None = None
+    ) -> None:
         """Emit the request's one terminal event and give its KV blocks back. Caller holds the lock."""
         if seq.state == State.DONE:
             return
@@ -465,15 +561,23 @@ class Engine:
         if error is not None:
             terminal = ev.Error(seq.id, t, error[0], error[1])
         elif cancelled:
-            terminal = ev.Cancelled(seq.id, t, "cancelled", seq.cancel_cause or "client", was.value,
-                                    len(seq.output_ids), seq.text, metrics)
+            terminal = ev.Cancelled(
+                seq.id, t, "cancelled", seq.cancel_cause or "client", was.value, len(seq.output_ids), seq.text, metrics
+            )
         else:
             terminal = ev.Finished(seq.id, t, reason, len(seq.output_ids) - 1, len(seq.output_ids), seq.text, metrics)
         seq.release()
         seq.stream.finish(terminal)
-        self.feed.publish("engine_end", request=seq.key, label=seq.label, outcome=terminal.type,
-                          reason=getattr(terminal, "reason", None) or getattr(terminal, "code", None),
-                          tokens=len(seq.output_ids), blocks_freed=freed, **self._feed_text(answer=seq))
+        self.feed.publish(
+            "engine_end",
+            request=seq.key,
+            label=seq.label,
+            outcome=terminal.type,
+            reason=getattr(terminal, "reason", None) or getattr(terminal, "code", None),
+            tokens=len(seq.output_ids),
+            blocks_freed=freed,
+            **self._feed_text(answer=seq),
+        )
 
     def _drain(self, cause: str) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
 """The one user-facing error class: a message a person can act on, naming the field and limit."""
+
 from __future__ import annotations
 
 

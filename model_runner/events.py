@@ -3,6 +3,7 @@
 Times (`t_ms`) are milliseconds since the request was submitted, on a monotonic clock.
 Each request gets exactly one terminal event: `finished`, `cancelled` or `error`.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ class Event:
 @dataclass(frozen=True)
 class Accepted(Event):
     """The request passed validation; the prompt is counted and the context budget decided."""
+
     type: ClassVar[str] = "accepted"
     prompt_tokens: int
     content_tokens: int
@@ -113,6 +115,7 @@ class Token(Event):
 @dataclass(frozen=True)
 class Preempted(Event):
     """The KV pool ran out: the request gave its blocks back and waits to recompute its tokens."""
+
     type: ClassVar[str] = "preempted"
     blocks_freed: int
     tokens: int  # tokens (prompt + answer so far) it will prefill again
@@ -121,6 +124,7 @@ class Preempted(Event):
 @dataclass(frozen=True)
 class Resumed(Event):
     """A preempted request is admitted again and recomputes its tokens in one prefill."""
+
     type: ClassVar[str] = "resumed"
     tokens: int
 
@@ -155,6 +159,18 @@ class Error(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.type: cls for cls in (Accepted, Queued, PrefillStart, PrefillChunk, PrefillEnd, Token, Preempted, Resumed,
-                              Finished, Cancelled, Error)
+    cls.type: cls
+    for cls in (
+        Accepted,
+        Queued,
+        PrefillStart,
+        PrefillChunk,
+        PrefillEnd,
+        Token,
+        Preempted,
+        Resumed,
+        Finished,
+        Cancelled,
+        Error,
+    )
 }

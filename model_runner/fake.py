@@ -1,6 +1,7 @@
 """A tiny deterministic stand-in for tests: a real 2-layer Llama (so the KV cache and its
 accounting are real) whose logits are steered to spell a fixed answer over a byte tokenizer.
 Not a language model: fast unit tests only ("--model fake")."""
+
 from __future__ import annotations
 
 import time
@@ -11,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from .tokenizer import ByteTokenizer
 
-ANSWER = "Hello from the fake model. The cache grows by one column per token \U0001F600 and then it stops."
+ANSWER = "Hello from the fake model. The cache grows by one column per token \U0001f600 and then it stops."
 STEER = 6.0  # logit boost for the scripted byte: greedy follows the script, sampling sometimes strays
 
 
@@ -55,7 +56,7 @@ class ScriptedLM(nn.Module):
 
     def _next_scripted(self, seen: list[int]) -> int:
         n = len(self.header)
-        starts = [i + n for i in range(len(seen) - n, -1, -1) if seen[i:i + n] == self.header]
+        starts = [i + n for i in range(len(seen) - n, -1, -1) if seen[i : i + n] == self.header]
         generated = len(seen) - starts[0] if starts else 0
         return self.script[min(generated, len(self.script) - 1)]
 
@@ -68,9 +69,18 @@ class ScriptedLM(nn.Module):
 
 def build_fake(delay_s: float = 0.0) -> tuple[ScriptedLM, ByteTokenizer]:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=ByteTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=512, bos_token_id=ByteTokenizer.IM_START,
-                         eos_token_id=ByteTokenizer.IM_END, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=ByteTokenizer.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        bos_token_id=ByteTokenizer.IM_START,
+        eos_token_id=ByteTokenizer.IM_END,
+        tie_word_embeddings=True,
+    )
     base = LlamaForCausalLM(config).eval()
     return ScriptedLM(base, delay_s).eval(), ByteTokenizer()

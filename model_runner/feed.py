@@ -3,6 +3,7 @@ preemptions, endings, policy changes) that any number of observers follow. Publi
 blocks the worker: each subscriber has a bounded buffer, and a reader that falls behind loses
 the newest events and is told how many it lost. Events carry no prompt or answer text unless the
 engine was started with `feed_text`."""
+
 from __future__ import annotations
 
 import threading

@@ -2,6 +2,7 @@
 paged KV pool, through transformers' paged attention (sdpa with a `cache=` argument: the model
 writes each row's new keys and values into its blocks and reads its past from them). Also the
 unbatched recompute forward of a request that runs without a KV cache."""
+
 from __future__ import annotations
 
 import torch
@@ -59,13 +60,21 @@ class BatchForward:
         mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
         build_attention_mask(mask, cu_q, keys)
         out = self.model(
-            input_ids=_i32(ids)[None].to(self.device), position_ids=_i32(positions)[None].to(self.device),
-            attention_mask=mask.to(self.device), cache=self.pool.cache,
-            cu_seq_lens_q=_i32(cu_q).to(self.device), cu_seq_lens_k={FULL: _i32(keys).to(self.device)},
-            max_length_q=max_q, max_length_k={FULL: max_k},
-            write_index=[_i64(write[0]).to(self.device)], read_index=[_i64(read[0] if any_past else []).to(self.device)],
-            block_table=None, use_cache=False, is_causal=False,
-            logits_to_keep=_i64(logit_rows).to(self.device))  # hidden states sliced before the LM head
+            input_ids=_i32(ids)[None].to(self.device),
+            position_ids=_i32(positions)[None].to(self.device),
+            attention_mask=mask.to(self.device),
+            cache=self.pool.cache,
+            cu_seq_lens_q=_i32(cu_q).to(self.device),
+            cu_seq_lens_k={FULL: _i32(keys).to(self.device)},
+            max_length_q=max_q,
+            max_length_k={FULL: max_k},
+            write_index=[_i64(write[0]).to(self.device)],
+            read_index=[_i64(read[0] if any_past else []).to(self.device)],
+            block_table=None,
+            use_cache=False,
+            is_causal=False,
+            logits_to_keep=_i64(logit_rows).to(self.device),
+        )  # hidden states sliced before the LM head
         for row in rows:
             row.seq.cached += len(row.tokens)
         return steer(self.model, [row.seq.tokens for row in rows if row.wants_logits], out.logits[0])

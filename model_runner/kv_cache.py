@@ -2,6 +2,7 @@
 fixed-size blocks of one flat tensor; this module reserves and frees blocks per request, shares
 full prefix blocks between requests (reference-counted by transformers' block ledger), and accounts
 for them: blocks held, bytes reserved, bytes used (measured from the tensor and by the formula)."""
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,14 @@ class PoolUsage:
     bytes_per_block: int
 
     def to_dict(self) -> dict:
-        return {"total": self.total, "used": self.used, "cached": self.cached, "free": self.free,
-                "block_size": self.block_size, "bytes_per_block": self.bytes_per_block}
+        return {
+            "total": self.total,
+            "used": self.used,
+            "cached": self.cached,
+            "free": self.free,
+            "block_size": self.block_size,
+            "bytes_per_block": self.bytes_per_block,
+        }
 
 
 class _CacheState:
@@ -70,13 +77,26 @@ class _CacheState:
 class PagedKVPool:
     def __init__(self, model, facts, num_blocks: int, block_size: int, max_batch_tokens: int):
         if num_blocks < 1:
-            raise UserError(f"the KV cache pool must hold at least one block of {block_size} tokens; "
-                            "raise --kv-cache-mb", field="kv_cache_mb")
-        config = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                          allow_block_sharing=True, max_blocks_per_request=0)
+            raise UserError(
+                f"the KV cache pool must hold at least one block of {block_size} tokens; raise --kv-cache-mb",
+                field="kv_cache_mb",
+            )
+        config = ContinuousBatchingConfig(
+            page_size=block_size,
+            num_blocks=num_blocks,
+            max_batch_tokens=max_batch_tokens,
+            allow_block_sharing=True,
+            max_blocks_per_request=0,
+        )
         config = resolve_continuous_batching_config(model.config, config, None, False, device=model.device)
-        self.cache = PagedAttentionCache(model.config, config, model.device, DistributedHelper(None, None),
-                                         dtype=model.dtype, model_supports_logits_to_keep=True)
+        self.cache = PagedAttentionCache(
+            model.config,
+            config,
+            model.device,
+            DistributedHelper(None, None),
+            dtype=model.dtype,
+            model_supports_logits_to_keep=True,
+        )
         self.facts = facts
         self.block_size = block_size
         self._allocator = self.cache.cache_allocators[FULL]
@@ -152,8 +172,9 @@ class PagedKVPool:
         pool = self.cache.pool
         free = pool.count_free_blocks(self._allocator.index) + pool.num_free_sectors * self._allocator.blocks_per_sector
         cached = len(self._allocator.ledger.cached_blocks)
-        return PoolUsage(self.total_blocks, self.total_blocks - free - cached, cached, free, self.block_size,
-                         self.bytes_per_block)
+        return PoolUsage(
+            self.total_blocks, self.total_blocks - free - cached, cached, free, self.block_size, self.bytes_per_block
+        )
 
     def measured_bytes(self, tokens: int) -> int:
         """Bytes the cache tensor spends on `tokens` positions, from its real size and layout."""
@@ -169,4 +190,3 @@ class PagedKVPool:
     @property
     def pool_bytes(self) -> int:
         return self.total_blocks * self.bytes_per_block
-

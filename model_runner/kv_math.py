@@ -5,19 +5,21 @@ Besides the formula: paged-vs-contiguous allocation for a mix of request lengths
 reverse solve (how many sequences, or how many positions, fit in a memory size). static/js/calculator/
 kv-math.js mirrors these functions; static/data/kv_golden.json holds the cases both must reproduce.
 """
+
 from __future__ import annotations
 
 import math
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_element: float) -> int:
     return int(2 * layers * kv_heads * head_dim * bytes_per_element)
 
 
-def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: float,
-                   tokens: int, sequences: int = 1) -> int:
+def kv_cache_bytes(
+    layers: int, kv_heads: int, head_dim: int, bytes_per_element: float, tokens: int, sequences: int = 1
+) -> int:
     return kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element) * tokens * sequences
 
 
@@ -38,8 +40,11 @@ def allocation(lengths: list[int], block_size: int, max_tokens: int, bytes_per_t
     paged = sum(paged_tokens(length, block_size) for length in lengths)
     contiguous = max_tokens * len(lengths)
     return {
-        "used_tokens": used, "paged_tokens": paged, "contiguous_tokens": contiguous,
-        "used_bytes": used * bytes_per_token, "paged_bytes": paged * bytes_per_token,
+        "used_tokens": used,
+        "paged_tokens": paged,
+        "contiguous_tokens": contiguous,
+        "used_bytes": used * bytes_per_token,
+        "paged_bytes": paged * bytes_per_token,
         "contiguous_bytes": contiguous * bytes_per_token,
     }
 

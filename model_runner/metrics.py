@@ -1,6 +1,7 @@
 """A request's timing metrics, computed in one place from its clock stamps. Definitions (as in
 vLLM's): queue = submit → prefill start; prefill = prefill start → first token; TTFT = submit →
 first token; TPOT = (E2E − TTFT) / (tokens − 1); ITL = the gaps between consecutive tokens."""
+
 from __future__ import annotations
 
 from typing import Any

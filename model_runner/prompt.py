@@ -1,10 +1,10 @@
 """Chat messages → one token sequence via the model's own chat template, with each token's
 provenance (template marker, text the template inserted itself, or the message it came from),
 and the context-budget decision (reject, truncate history, or shrink the output)."""
+
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,9 +96,11 @@ def render(tokenizer, messages: tuple[Message, ...]) -> PromptView:
 
 
 def _overflow_message(prompt: int, new: int, window: int) -> str:
-    return (f"prompt {prompt:,} + max_new_tokens {new:,} = {prompt + new:,} > context window {window:,}; "
-            "shorten the conversation, lower max_new_tokens, or pick overflow policy "
-            "'truncate_history' or 'shrink_output'")
+    return (
+        f"prompt {prompt:,} + max_new_tokens {new:,} = {prompt + new:,} > context window {window:,}; "
+        "shorten the conversation, lower max_new_tokens, or pick overflow policy "
+        "'truncate_history' or 'shrink_output'"
+    )
 
 
 def _droppable(messages: tuple[Message, ...]) -> int | None:
@@ -118,7 +120,7 @@ def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
     if view.prompt_tokens + new > context_window:
         if params.overflow == "truncate_history":
             while view.prompt_tokens + new > context_window and (i := _droppable(messages)) is not None:
-                messages = messages[:i] + messages[i + 1:]
+                messages = messages[:i] + messages[i + 1 :]
                 dropped += 1
                 view = render(tokenizer, messages)
             action = "truncated_history" if dropped else "none"
@@ -126,11 +128,17 @@ def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
             new = context_window - view.prompt_tokens
             action = "shrunk_output"
     if view.prompt_tokens + new > context_window:
-        raise UserError(_overflow_message(view.prompt_tokens, new, context_window),
-                        code="context_overflow", field="max_new_tokens")
+        raise UserError(
+            _overflow_message(view.prompt_tokens, new, context_window), code="context_overflow", field="max_new_tokens"
+        )
     view.budget = {
-        "policy": params.overflow, "action": action, "prompt_tokens": view.prompt_tokens,
-        "max_new_tokens": new, "requested_max_new_tokens": params.max_new_tokens,
-        "total": view.prompt_tokens + new, "context_window": context_window, "dropped_messages": dropped,
+        "policy": params.overflow,
+        "action": action,
+        "prompt_tokens": view.prompt_tokens,
+        "max_new_tokens": new,
+        "requested_max_new_tokens": params.max_new_tokens,
+        "total": view.prompt_tokens + new,
+        "context_window": context_window,
+        "dropped_messages": dropped,
     }
     return view

@@ -3,6 +3,7 @@
 `parse_generate` is the single gatekeeper: every field is checked and a bad one raises `UserError`
 naming the field and its limit, in the spirit of TGI's messages.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,6 +63,7 @@ class GenerateParams:
 
 # ---- validation -----------------------------------------------------------------------------
 
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -108,16 +110,22 @@ def _messages(data: dict) -> tuple[Message, ...]:
             raise UserError(f"`{where}` must be an object with `role` and `content`", field=where)
         role, content = item.get("role"), item.get("content")
         if role not in ROLES:
-            raise UserError(f"`{where}.role` must be one of {', '.join(ROLES)}, got {json_repr(role)}", field=f"{where}.role")
+            raise UserError(
+                f"`{where}.role` must be one of {', '.join(ROLES)}, got {json_repr(role)}", field=f"{where}.role"
+            )
         if not isinstance(content, str):
             raise UserError(f"`{where}.content` must be a string, got {json_repr(content)}", field=f"{where}.content")
         if len(content) > LIMITS["content_chars"]:
-            raise UserError(f"`{where}.content` may be at most {LIMITS['content_chars']:,} characters, got {len(content):,}",
-                            field=f"{where}.content")
+            raise UserError(
+                f"`{where}.content` may be at most {LIMITS['content_chars']:,} characters, got {len(content):,}",
+                field=f"{where}.content",
+            )
         total += len(content)
         messages.append(Message(role, content))
     if total > LIMITS["total_chars"]:
-        raise UserError(f"`messages` may hold at most {LIMITS['total_chars']:,} characters in all, got {total:,}", field="messages")
+        raise UserError(
+            f"`messages` may hold at most {LIMITS['total_chars']:,} characters in all, got {total:,}", field="messages"
+        )
     if messages[-1].role != "user" or not messages[-1].content.strip():
         raise UserError("`messages` must end with a non-empty `user` message", field=f"messages[{len(messages) - 1}]")
     return tuple(messages)
@@ -129,8 +137,10 @@ def _sampling(data: dict) -> SamplingParams:
         raise UserError("`sampling` must be an object", field="sampling")
     temperature = raw.get("temperature", 0.0)
     if not _is_number(temperature) or not 0.0 <= temperature <= LIMITS["temperature"]:
-        raise UserError(f"`sampling.temperature` must be a number between 0 and {LIMITS['temperature']:g}, got {json_repr(temperature)}",
-                        field="sampling.temperature")
+        raise UserError(
+            f"`sampling.temperature` must be a number between 0 and {LIMITS['temperature']:g}, got {json_repr(temperature)}",
+            field="sampling.temperature",
+        )
     top_p = raw.get("top_p", 1.0)
     if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
         raise UserError(f"`sampling.top_p` must be in (0, 1], got {json_repr(top_p)}", field="sampling.top_p")
@@ -147,7 +157,9 @@ def _stop(data: dict) -> tuple[str, ...]:
         raise UserError(f"`stop` may hold at most {LIMITS['stop_count']} strings, got {len(raw)}", field="stop")
     for s in raw:
         if not 1 <= len(s) <= LIMITS["stop_chars"]:
-            raise UserError(f"each `stop` string must be 1 to {LIMITS['stop_chars']} characters, got {len(s)}", field="stop")
+            raise UserError(
+                f"each `stop` string must be 1 to {LIMITS['stop_chars']} characters, got {len(s)}", field="stop"
+            )
     return tuple(raw)
 
 
@@ -156,7 +168,9 @@ def _timeout(data: dict) -> float | None:
     if value is None:
         return None
     if not _is_number(value) or not 0 < value <= LIMITS["timeout_s"]:
-        raise UserError(f"`timeout_s` must be a number in (0, {LIMITS['timeout_s']:g}], got {json_repr(value)}", field="timeout_s")
+        raise UserError(
+            f"`timeout_s` must be a number in (0, {LIMITS['timeout_s']:g}], got {json_repr(value)}", field="timeout_s"
+        )
     return float(value)
 
 
@@ -183,7 +197,9 @@ def parse_generate(data: Any) -> GenerateParams:
         timeout_s=_timeout(data),
     )
     if params.prefill_chunk and not params.kv_cache:
-        raise UserError("`prefill_chunk` needs the KV cache: each chunk of the prompt attends to the keys and "
-                        "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
-                        field="prefill_chunk")
+        raise UserError(
+            "`prefill_chunk` needs the KV cache: each chunk of the prompt attends to the keys and "
+            "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
+            field="prefill_chunk",
+        )
     return params

@@ -1,5 +1,6 @@
 """Next-token choice from one row of logits: greedy, or temperature → top-k → top-p sampling with a
 seeded generator; returns the token, its probability and the top-5 candidates that were on offer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ chunk size, prefix caching, a cap on running requests and a per-step token budge
 first come, first served. When KV blocks run out, the request admitted last is preempted: its
 blocks go back to the pool and it waits at the head of the queue to recompute its tokens.
 Pure Python, no torch: the pool it asks for blocks is duck-typed (see kv_cache.PagedKVPool)."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -65,6 +66,7 @@ class BlockPool(Protocol):
 class Work:
     """One request's share of a step: `tokens` new positions of kind prefill or decode;
     `wants_logits` when they end its pending input, so the step chooses its next token."""
+
     seq: Sequence
     tokens: list[int]
     kind: str  # "prefill" | "decode" | "recompute" (no KV cache: every position again)
@@ -99,8 +101,11 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new request, or raise `overloaded` before anything is emitted for it."""
         if len(self.waiting) >= self.max_queue:
-            raise UserError(f"the server is busy: {len(self.waiting)} requests are already waiting "
-                            f"(queue cap {self.max_queue}); try again shortly", code="overloaded")
+            raise UserError(
+                f"the server is busy: {len(self.waiting)} requests are already waiting "
+                f"(queue cap {self.max_queue}); try again shortly",
+                code="overloaded",
+            )
         seq.state = State.QUEUED
         self.waiting.append(seq)
 
@@ -152,8 +157,15 @@ class Scheduler:
         self._admit(budget, was_empty, pool, plan, scheduled)
         return plan
 
-    def _schedule_prefill(self, seq: Sequence, budget: int, pool: BlockPool, plan: StepPlan,
-                          scheduled: set[Sequence], may_preempt: bool = True) -> int:
+    def _schedule_prefill(
+        self,
+        seq: Sequence,
+        budget: int,
+        pool: BlockPool,
+        plan: StepPlan,
+        scheduled: set[Sequence],
+        may_preempt: bool = True,
+    ) -> int:
         """Add the next prefill chunk of a request; returns the tokens it takes. A request being
         admitted (may_preempt False) never preempts others: it waits for blocks instead."""
         if not seq.uses_cache:  # no cache, no chunks: the whole prompt in one forward
@@ -182,8 +194,7 @@ class Scheduler:
             return 0  # a whole prompt over the budget waits for a step of its own
         return n
 
-    def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan,
-               scheduled: set[Sequence]) -> None:
+    def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan, scheduled: set[Sequence]) -> None:
         """First come, first served: admit waiting requests while the batch, the budget and the pool
         have room; the first that cannot be admitted keeps everyone behind it waiting. A request is
         admitted only when the pool can hold its whole prompt now, so chunked prefill does not admit
@@ -211,8 +222,9 @@ class Scheduler:
             plan.admitted.append(seq)
             self.wait_reason.pop(seq, None)
 
-    def _cannot_admit(self, seq: Sequence, static_closed: bool, budget: int,
-                      preempted_now: set[Sequence]) -> str | None:
+    def _cannot_admit(
+        self, seq: Sequence, static_closed: bool, budget: int, preempted_now: set[Sequence]
+    ) -> str | None:
         if seq in preempted_now:  # just gave its blocks back: taking them again would undo that
             return WAIT_PREEMPTED
         if static_closed:
@@ -227,8 +239,15 @@ class Scheduler:
             pool.free(seq)
             seq.cached = seq.prefix_hit = 0
 
-    def _reserve_or_preempt(self, seq: Sequence, tokens: int, pool: BlockPool, plan: StepPlan,
-                            scheduled: set[Sequence], may_preempt: bool = True) -> bool:
+    def _reserve_or_preempt(
+        self,
+        seq: Sequence,
+        tokens: int,
+        pool: BlockPool,
+        plan: StepPlan,
+        scheduled: set[Sequence],
+        may_preempt: bool = True,
+    ) -> bool:
         """Blocks for `tokens` more positions of `seq`, preempting the latest-admitted requests not
         yet in this step until they fit; False when `seq` itself had to be preempted or must wait."""
         while not pool.reserve(seq, tokens):
@@ -258,8 +277,10 @@ class Scheduler:
     def positions(self) -> list[tuple[Sequence, int, int, str]]:
         """(request, position, ahead, why) for each waiting request; position 1 = next to run."""
         busy = len(self.running)
-        return [(s, i + 1, i + busy, self.wait_reason.get(s, WAIT_LINE if i else WAIT_NEXT))
-                for i, s in enumerate(self.waiting)]
+        return [
+            (s, i + 1, i + busy, self.wait_reason.get(s, WAIT_LINE if i else WAIT_NEXT))
+            for i, s in enumerate(self.waiting)
+        ]
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)

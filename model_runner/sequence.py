@@ -1,6 +1,7 @@
 """One object per request: its validated parameters, where it stands (state, tokens so far), the
 worker's working state for it (cache, detokenizer, stop checker, sampler seed, clock stamps) and
 the stream its events go to. The scheduler changes `state`; the engine's worker fills the rest."""
+
 from __future__ import annotations
 
 import time
@@ -64,7 +65,7 @@ class Sequence:
     @property
     def pending(self) -> list[int]:
         """The tokens whose keys and values are not in the cache yet: the next forward's input."""
-        return self.tokens[self.cached:]
+        return self.tokens[self.cached :]
 
     @property
     def uses_cache(self) -> bool:

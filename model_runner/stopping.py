@@ -1,12 +1,20 @@
 """Stop conditions over the growing answer: end tokens, stop strings matched across token
 boundaries (held back until they can no longer match, never shown), the token budget and the
 context window. Timeout and cancel are decided by the engine's clock and callers."""
+
 from __future__ import annotations
 
 
 class StopChecker:
-    def __init__(self, *, eos_ids: frozenset[int], stop: tuple[str, ...], max_new_tokens: int,
-                 prompt_tokens: int, context_window: int):
+    def __init__(
+        self,
+        *,
+        eos_ids: frozenset[int],
+        stop: tuple[str, ...],
+        max_new_tokens: int,
+        prompt_tokens: int,
+        context_window: int,
+    ):
         self.eos_ids = eos_ids
         self.stop = stop
         self.max_new_tokens = max_new_tokens
@@ -54,11 +62,11 @@ class StopChecker:
 
     def _release_safe(self) -> str:
         end = len(self.text) - self._held_back()
-        out = self.text[self.released:end] if end > self.released else ""
+        out = self.text[self.released : end] if end > self.released else ""
         self.released = max(self.released, end)
         return out
 
     def _release_all(self) -> str:
-        out = self.text[self.released:]
+        out = self.text[self.released :]
         self.released = len(self.text)
         return out

@@ -1,6 +1,7 @@
 """A request's event stream between the engine worker and one consumer: bounded for ordinary
 events (a consumer that falls behind makes push() return False, and the engine drops it as a slow
 client), while the one terminal event always gets through and nothing follows it."""
+
 from __future__ import annotations
 
 import threading

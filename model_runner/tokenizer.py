@@ -1,5 +1,6 @@
 """One tokenizer interface for the engine: encode with character offsets, exact bytes per token,
 the chat template, and end-of-turn ids — over a transformers tokenizer or the test byte tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ class HFTokenizer:
     def __init__(self, tok: Any, eos_ids: set[int]):
         self.tok = tok
         self.eos_ids = frozenset(eos_ids)
-        self.special_ids = frozenset(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+        self.special_ids = frozenset(tok.all_special_ids) | {
+            i for i, t in tok.added_tokens_decoder.items() if t.special
+        }
         self.chat_template = tok.chat_template
         self._style = self._detect_style()
         self._bytes_cache: dict[int, bytes] = {}

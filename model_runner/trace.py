@@ -1,6 +1,7 @@
 """kvscope traces (docs/trace-format.md): a recorded run of one request, every event in arrival
 order, which the page plays before any live run. `validate_trace` is the Python side of the format
 check (the browser's is static/js/trace.js); `record` makes a trace from a ready engine."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,10 +18,16 @@ EXAMPLE_REQUEST = {
     "messages": [
         {"role": "system", "content": "You are a concise assistant. Answer in one or two plain sentences."},
         {"role": "user", "content": "What is a token?"},
-        {"role": "assistant", "content": "A token is a small piece of text, often a word or part of a word, "
-                                         "that the model reads and writes."},
-        {"role": "retrieved", "content": "While it generates, a transformer keeps the keys and values of every "
-                                         "earlier position in a KV cache, so each new step only computes the newest token."},
+        {
+            "role": "assistant",
+            "content": "A token is a small piece of text, often a word or part of a word, "
+            "that the model reads and writes.",
+        },
+        {
+            "role": "retrieved",
+            "content": "While it generates, a transformer keeps the keys and values of every "
+            "earlier position in a KV cache, so each new step only computes the newest token.",
+        },
         {"role": "user", "content": "Why does the KV cache grow while the model answers?"},
     ],
     "max_new_tokens": 40,
@@ -59,7 +66,9 @@ def validate_trace(trace: object) -> list[str]:
     prompt = trace.get("prompt")
     if prompt is not None:
         tokens = prompt.get("tokens") if isinstance(prompt, dict) else None
-        if not isinstance(tokens, list) or any(not isinstance(t, dict) or any(k not in t for k in TOKEN_FIELDS) for t in tokens):
+        if not isinstance(tokens, list) or any(
+            not isinstance(t, dict) or any(k not in t for k in TOKEN_FIELDS) for t in tokens
+        ):
             problems.append("`prompt.tokens` must be a list of {id, text, source, ...}")
     events = trace.get("events")
     if not isinstance(events, list) or not events:

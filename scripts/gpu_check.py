@@ -9,6 +9,7 @@ and reports: greedy tokens identical per request (bf16 batched numerics may flip
 the count and the first differing index are printed, not hidden), KV bytes measured = formula on
 every token event, blocks returned after the run, and aggregate tokens/s batched vs one at a time.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model_runner.engine import Engine, EngineConfig  # noqa: E402
 from model_runner.request import parse_generate  # noqa: E402
 
-QUESTIONS = ["What does a KV cache store?", "Name three colours.", "Why is the sky blue?",
-             "Write a haiku about the sea.", "What is a token?", "Explain batching in two sentences.",
-             "Say hello.", "What is the capital of France?"]
+QUESTIONS = [
+    "What does a KV cache store?",
+    "Name three colours.",
+    "Why is the sky blue?",
+    "Write a haiku about the sea.",
+    "What is a token?",
+    "Explain batching in two sentences.",
+    "Say hello.",
+    "What is the capital of France?",
+]
 
 
 def ask(question: str):
@@ -34,8 +42,10 @@ def ask(question: str):
 def run_together(engine, params) -> list[list[dict]]:
     handles = [engine.submit(p, f"t{i}") for i, p in enumerate(params)]
     out: list[list[dict]] = [[] for _ in handles]
-    threads = [threading.Thread(target=lambda i=i, h=h: out.__setitem__(i, [e.to_dict() for e in h]))
-               for i, h in enumerate(handles)]
+    threads = [
+        threading.Thread(target=lambda i=i, h=h: out.__setitem__(i, [e.to_dict() for e in h]))
+        for i, h in enumerate(handles)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -59,12 +69,16 @@ def main(device: str) -> int:
     together = run_together(engine, params)
     together_s = time.monotonic() - t0
     differing = [i for i, (a, b) in enumerate(zip(alone, together)) if ids(a) != ids(b)]
-    first_diff = {i: next((k for k, (x, y) in enumerate(zip(ids(alone[i]), ids(together[i]))) if x != y), None)
-                  for i in differing}
+    first_diff = {
+        i: next((k for k, (x, y) in enumerate(zip(ids(alone[i]), ids(together[i]))) if x != y), None) for i in differing
+    }
     tokens = [e for events in together for e in events if e["type"] == "token"]
     report = {
-        "device": engine.facts.device_name, "dtype": engine.facts.dtype,
-        "identical": len(params) - len(differing), "requests": len(params), "first_differing_index": first_diff,
+        "device": engine.facts.device_name,
+        "dtype": engine.facts.dtype,
+        "identical": len(params) - len(differing),
+        "requests": len(params),
+        "first_differing_index": first_diff,
         "measured_equals_formula": all(t["cache_bytes_measured"] == t["cache_bytes_formula"] for t in tokens),
         "blocks_held_after": engine.pool.usage().used,
         "alone_tokens_per_s": round(sum(len(ids(a)) for a in alone) / alone_s, 1),

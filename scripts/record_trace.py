@@ -6,6 +6,7 @@ trace (docs/trace-format.md), the file the page plays before any live run:
 
 The format, the recorder and the validator live in `model_runner.trace`; this is the command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine.wait_ready(600)
         warm_up(engine)
-        trace = record(engine, note="Recorded with scripts/record_trace.py after one warm-up request; "
-                                    "times are this machine's, measured by the engine.")
+        trace = record(
+            engine,
+            note="Recorded with scripts/record_trace.py after one warm-up request; "
+            "times are this machine's, measured by the engine.",
+        )
     finally:
         engine.shutdown()
     problems = validate_trace(trace)
@@ -44,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(trace, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     last = trace["events"][-1]
-    print(f"record_trace: {len(trace['events'])} events, {last.get('tokens')} tokens, "
-          f"ended with {last.get('reason') or last.get('code')} → {args.out}")
+    print(
+        f"record_trace: {len(trace['events'])} events, {last.get('tokens')} tokens, "
+        f"ended with {last.get('reason') or last.get('code')} → {args.out}"
+    )
     return 0
 
 

@@ -18,15 +18,24 @@ Contract:
 - `figures`: case number → what a reliability case measured, written to
   artifacts/reliability-figures.json at the end of the session (quoted in docs/reliability.md).
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-
-from kvscope_testkit import (ARTIFACTS, CHROMIUM, InProcessServer, LiveServer,
-                             Pool, slow_server_env, start_engine, start_live_server, stop_engine)
+from kvscope_testkit import (
+    ARTIFACTS,
+    CHROMIUM,
+    InProcessServer,
+    LiveServer,
+    Pool,
+    slow_server_env,
+    start_engine,
+    start_live_server,
+    stop_engine,
+)
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "live", "browser", "model", "reliability")
@@ -35,6 +44,7 @@ NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "re
 
 
 # ---- markers --------------------------------------------------------------------------------------
+
 
 def tier_of(path: Path) -> str | None:
     parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
@@ -49,19 +59,23 @@ def pytest_collection_modifyitems(items):
             item.add_marker(tier)
         needs = sorted(marker for marker, fixtures in NEEDS.items() if fixtures & set(item.fixturenames))
         if tier == "unit" and needs:  # `make test-fast` runs tests/unit on machines without either
-            raise pytest.UsageError(f"{item.nodeid} needs {' and '.join(needs)}: "
-                                    f"it belongs in tests/{needs[0]}, not tests/unit")
+            raise pytest.UsageError(
+                f"{item.nodeid} needs {' and '.join(needs)}: it belongs in tests/{needs[0]}, not tests/unit"
+            )
         for marker in needs:
             item.add_marker(marker)
 
 
 # ---- servers and engines -------------------------------------------------------------------------
 
+
 def config_of(factory: str, *args, **kwargs):
     """A session fixture that is one named config of a shared factory fixture."""
+
     @pytest.fixture(scope="session")
     def fixture(request):
         return request.getfixturevalue(factory)(*args, **kwargs)
+
     return fixture
 
 
@@ -106,13 +120,21 @@ real_engine = config_of("shared_engine", "default")
 
 # ---- Playwright: Debian's Chromium, never a downloaded browser ---------------------------------
 
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     return {
         **browser_type_launch_args,
         "executable_path": CHROMIUM,
-        "args": ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
     }
 
 

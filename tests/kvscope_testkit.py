@@ -13,6 +13,7 @@ Contract:
 - Waiting: `wait_until(predicate)` polls a condition to a deadline; no test sleeps a fixed time.
 - `screenshot(page, name)` writes artifacts/<name>.png.
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,8 +52,12 @@ def slow_server_env(**extra: str) -> dict[str, str]:
     """The slow server's settings: pings every few seconds and a 1 s send limit, so half-open and
     non-reading clients are found out within a test's time; the default frame limit."""
     from app import FRAME_LIMIT
-    return {"KVSCOPE_SOCK_SERVER_OPTIONS": json.dumps({"max_message_size": FRAME_LIMIT, "ping_interval": PING_INTERVAL_S}),
-            "KVSCOPE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S), **extra}
+
+    return {
+        "KVSCOPE_SOCK_SERVER_OPTIONS": json.dumps({"max_message_size": FRAME_LIMIT, "ping_interval": PING_INTERVAL_S}),
+        "KVSCOPE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
+        **extra,
+    }
 
 
 def ready_timeout(model: str) -> float:
@@ -73,6 +78,7 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S,
 
 
 # ---- making things from a config, and stopping them ------------------------------------------------
+
 
 class Pool:
     """Calls `make(*args, **kwargs)` on demand and `stop(thing)` on everything at `close()`.
@@ -104,6 +110,7 @@ class Pool:
 def start_engine(model: str = "fake", **config):
     """An in-process engine, started and ready."""
     from model_runner.engine import Engine, EngineConfig
+
     engine = Engine(EngineConfig(model=model, **config)).start()
     engine.wait_ready(ready_timeout(model))
     return engine
@@ -114,6 +121,7 @@ def stop_engine(engine) -> None:
 
 
 # ---- structured server logs ---------------------------------------------------------------------
+
 
 class JsonLogFormatter(logging.Formatter):
     """One JSON object a line: level, logger, message, the record's `kvscope` fields (app/session.py
@@ -165,7 +173,7 @@ class LogCursor:
         self.start = len(server.log())
 
     def text(self) -> str:
-        return self.server.log()[self.start:]
+        return self.server.log()[self.start :]
 
     def records(self) -> list[dict]:
         return log_records(self.text())
@@ -184,8 +192,11 @@ class LogCursor:
     def wait_ended(self, rids, timeout: float = WAIT_S) -> dict[str, dict]:
         """Wait until every request in `rids` has ended in the log; return rid → its (last) end."""
         rids = set(rids)
-        found = wait_until(lambda: (e := self.ended()) and rids <= e.keys() and e,
-                           f"the end of {len(rids)} requests in the server log", timeout)
+        found = wait_until(
+            lambda: (e := self.ended()) and rids <= e.keys() and e,
+            f"the end of {len(rids)} requests in the server log",
+            timeout,
+        )
         return {rid: found[rid][-1] for rid in rids}
 
     def wait_end(self, rid: str, timeout: float = WAIT_S, every: float = 0.02) -> dict:
@@ -195,12 +206,16 @@ class LogCursor:
     def tracebacks(self) -> list[str]:
         """Logged exceptions, and tracebacks printed outside logging (a thread that died)."""
         logged = [r["message"] for r in self.records() if r.get("exc")]
-        printed = [line for line in self.text().splitlines() if not line.startswith("{")
-                   and ("Traceback" in line or "Exception in thread" in line)]
+        printed = [
+            line
+            for line in self.text().splitlines()
+            if not line.startswith("{") and ("Traceback" in line or "Exception in thread" in line)
+        ]
         return logged + printed
 
 
 # ---- servers ------------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -209,8 +224,9 @@ def free_port() -> int:
 
 
 # `kvscope serve` exactly as the command runs it, but with log records written as JSON lines.
-SERVE_WITH_JSON_LOG = ("import sys, kvscope_testkit; kvscope_testkit.log_as_json(); "
-                       "from app.cli import main; sys.exit(main())")
+SERVE_WITH_JSON_LOG = (
+    "import sys, kvscope_testkit; kvscope_testkit.log_as_json(); from app.cli import main; sys.exit(main())"
+)
 
 
 class LiveServer:
@@ -225,8 +241,19 @@ class LiveServer:
         ARTIFACTS.mkdir(exist_ok=True)
         pythonpath = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **(env or {})}
-        cmd = [sys.executable, "-c", SERVE_WITH_JSON_LOG, "serve", "--host", "127.0.0.1",
-               "--port", str(self.port), "--model", model, *args]
+        cmd = [
+            sys.executable,
+            "-c",
+            SERVE_WITH_JSON_LOG,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model",
+            model,
+            *args,
+        ]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -291,6 +318,7 @@ class InProcessServer:
         from werkzeug.serving import make_server
 
         from app import create_app
+
         self.app = create_app({"ENGINE": engine, "LOG_LEVEL": "INFO", **config})
         self._server = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.port = self._server.server_port
@@ -312,6 +340,7 @@ class InProcessServer:
 
     def stop(self) -> None:
         from flask.logging import default_handler
+
         self._server.shutdown()
         for name in self.LOGGERS:
             logging.getLogger(name).removeHandler(self._handler)
@@ -330,6 +359,7 @@ class _ListHandler(logging.Handler):
 
 # ---- a well-behaved client ----------------------------------------------------------------------
 
+
 def terminals(events: list[dict]) -> list[dict]:
     return [e for e in events if e["type"] in TERMINAL]
 
@@ -342,8 +372,13 @@ class Client:
     """A websockets (sync) client that speaks the protocol and files every event by request id."""
 
     def __init__(self, server, origin: str | None = None, **kwargs):
-        self.ws = connect(server.ws_url, additional_headers={"Origin": origin or server.url},
-                          open_timeout=WAIT_S, close_timeout=2, **kwargs)
+        self.ws = connect(
+            server.ws_url,
+            additional_headers={"Origin": origin or server.url},
+            open_timeout=WAIT_S,
+            close_timeout=2,
+            **kwargs,
+        )
         self.events: dict[str | None, list[dict]] = defaultdict(list)
         self.received_at: dict[str | None, list[float]] = defaultdict(list)
 
@@ -362,15 +397,17 @@ class Client:
         self.received_at[event.get("request_id")].append(time.monotonic())
         return event
 
-    def wait(self, rid: str | None, predicate: Callable[[list[dict]], Any] = terminals,
-             timeout: float = WAIT_S) -> list[dict]:
+    def wait(
+        self, rid: str | None, predicate: Callable[[list[dict]], Any] = terminals, timeout: float = WAIT_S
+    ) -> list[dict]:
         """Read frames until `predicate(events of rid)` holds; return those events."""
         deadline = time.monotonic() + timeout
         while not predicate(self.events[rid]):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"request {rid}: condition not met in {timeout:g} s; "
-                                     f"saw {[e['type'] for e in self.events[rid]]}")
+                raise AssertionError(
+                    f"request {rid}: condition not met in {timeout:g} s; saw {[e['type'] for e in self.events[rid]]}"
+                )
             try:
                 self.read_one(left)
             except TimeoutError:
@@ -406,6 +443,7 @@ class Client:
 
 # ---- a misbehaving client -----------------------------------------------------------------------
 
+
 class RawClient:
     """A WebSocket client written by hand on a plain TCP socket, so that it can misbehave: send any
     headers, stop reading, never answer a ping, or reset the connection."""
@@ -418,8 +456,13 @@ class RawClient:
         self.sock.connect(("127.0.0.1", port))
         self.local_port = self.sock.getsockname()[1]
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade",
-                 f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+        lines = [
+            f"GET {path} HTTP/1.1",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+        ]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         self.status, self.response_headers, self.body = self._read_response()
@@ -484,8 +527,13 @@ class RawClient:
     def read_until(self, kind: str, count: int = 1, timeout: float = WAIT_S) -> list[dict]:
         """Read text events until `count` of type `kind` have arrived; return all read so far."""
         seen: list[dict] = []
-        wait_until(lambda: seen.extend(text_events(self.read_frames(0.05)[0])) or
-                   sum(e["type"] == kind for e in seen) >= count, f"{count} {kind!r} event(s)", timeout)
+        wait_until(
+            lambda: (
+                seen.extend(text_events(self.read_frames(0.05)[0])) or sum(e["type"] == kind for e in seen) >= count
+            ),
+            f"{count} {kind!r} event(s)",
+            timeout,
+        )
         return seen
 
     def _take_frame(self) -> tuple[int, bytes] | None:
@@ -503,8 +551,8 @@ class RawClient:
             n, at = struct.unpack("!Q", b[2:10])[0], 10
         if len(b) < at + n:
             return None
-        self._buffer = b[at + n:]
-        return opcode, b[at:at + n]
+        self._buffer = b[at + n :]
+        return opcode, b[at : at + n]
 
     def reset(self) -> None:
         """Close with SO_LINGER (on, 0 s): the kernel sends RST instead of FIN."""
@@ -547,6 +595,7 @@ def server_holds_connection(server, client_port: int) -> bool:
 
 
 # ---- browsers -----------------------------------------------------------------------------------
+
 
 def screenshot(page, name: str) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)

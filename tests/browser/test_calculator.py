@@ -1,5 +1,6 @@
 """The KV-memory calculator in Chromium: sliders, number fields, presets, allocation, reverse solve,
 URL state and the live check, all against the golden cases in static/data/kv_golden.json."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from playwright.sync_api import expect
-
 from kvscope_testkit import screenshot
+from playwright.sync_api import expect
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text())
 PRESETS = {p["id"]: p for p in GOLDEN["presets"]}
@@ -56,13 +56,21 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, con
     open_calc(page, fake_server)
     expect(out(page, "per-token")).to_have_text(bytes_text(131_072, "128 KiB"))
     expect(out(page, "total")).to_have_text(bytes_text(1_073_741_824, "1 GiB"))
-    expect(out(page, "formula")).to_contain_text("2 (K and V) × 32 layers × 8 KV heads × 128 head dim × 2 B = 131,072 B per token")
+    expect(out(page, "formula")).to_contain_text(
+        "2 (K and V) × 32 layers × 8 KV heads × 128 head dim × 2 B = 131,072 B per token"
+    )
     expect(page.locator(f"{CALC} .kvc-results h3 .tag-computed")).to_have_text("computed")
     expect(page.locator(f"{CALC} .kvc-assumptions")).to_contain_text("not a measurement")
     expect(page.locator(f'{CALC} abbr[title="gibibytes (2^30 bytes)"]').first).to_have_text("GiB")
     ctx = slider(page, "ctx")
-    for attr, value in {"role": "slider", "aria-valuemin": "1", "aria-valuemax": "131072",
-                        "aria-valuenow": "8192", "aria-valuetext": "8,192 tokens", "tabindex": "0"}.items():
+    for attr, value in {
+        "role": "slider",
+        "aria-valuemin": "1",
+        "aria-valuemax": "131072",
+        "aria-valuenow": "8192",
+        "aria-valuetext": "8,192 tokens",
+        "tabindex": "0",
+    }.items():
         expect(ctx).to_have_attribute(attr, value)
     expect(slider(page, "seq")).to_have_attribute("aria-valuemax", "256")
     assert console_errors == []
@@ -362,8 +370,11 @@ def test_fits_the_screen_and_looks_right(page, fake_server, width, console_error
     field(page, "block").select_option("256")
     overflow = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0
-    for part, name in ((CALC, "calculator"), (f'{CALC} [data-out="alloc-part"]', "calculator-alloc"),
-                       (f'{CALC} [data-out="fit-part"]', "calculator-fit")):
+    for part, name in (
+        (CALC, "calculator"),
+        (f'{CALC} [data-out="alloc-part"]', "calculator-alloc"),
+        (f'{CALC} [data-out="fit-part"]', "calculator-fit"),
+    ):
         page.locator(part).evaluate("el => el.scrollIntoView()")
         screenshot(page, f"{name}-{width}")
     assert console_errors == []

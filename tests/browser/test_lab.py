@@ -1,15 +1,15 @@
 """The live lab in Chromium: composer and budget against the fake model; runs, Stop, experiments and
 trace export against the real default model. Every WebSocket frame the page receives is recorded
 (an init script wraps WebSocket), so tests check what the server sent as well as what the lab drew."""
+
 from __future__ import annotations
 
 import json
 import re
 
 import pytest
-from playwright.sync_api import expect
-
 from kvscope_testkit import screenshot
+from playwright.sync_api import expect
 
 LAB = "#lab"
 RUN_TIMEOUT = 120_000  # ms: one real-model run on a shared 2-core CPU
@@ -97,11 +97,14 @@ def import_module(page, path: str, expr: str):
 
 # ---- pure modules (fake server only serves the files) ----------------------------------------
 
+
 def test_metric_math(fake_server, page):
     page.goto(fake_server.url + "/")
     mod = "/static/js/lab/metrics.js"
     # numpy.percentile([10, 20, 30, 40], [50, 90, 99]) = 25, 37, 39.7
-    assert import_module(page, mod, "[50, 90, 99].map((p) => m.percentile([40, 10, 30, 20], p))") == pytest.approx([25, 37, 39.7])
+    assert import_module(page, mod, "[50, 90, 99].map((p) => m.percentile([40, 10, 30, 20], p))") == pytest.approx(
+        [25, 37, 39.7]
+    )
     assert import_module(page, mod, "m.percentile([], 50)") is None
     assert import_module(page, mod, "m.interTokenLatencies([100, 140, 190])") == [40, 50]
     assert import_module(page, mod, "m.timePerOutputToken(1000, 200, 5)") == 200
@@ -110,14 +113,53 @@ def test_metric_math(fake_server, page):
     assert import_module(page, mod, "m.prefillFlopsPerS(100, 50, 500)") == 20_000
     assert import_module(page, mod, "m.decodeBytesPerS(1000, 200, 100)") == 12_000
     # Theil–Sen: the median pairwise slope ignores the one disturbed point.
-    assert import_module(page, mod, "m.robustSlope([{x: 0, y: 1}, {x: 1, y: 3}, {x: 2, y: 5}, {x: 3, y: 7}, {x: 4, y: -50}])") == 2
+    assert (
+        import_module(
+            page, mod, "m.robustSlope([{x: 0, y: 1}, {x: 1, y: 3}, {x: 2, y: 5}, {x: 3, y: 7}, {x: 4, y: -50}])"
+        )
+        == 2
+    )
     events = [
         {"type": "accepted", "t_ms": 1, "prompt_tokens": 10, "content_tokens": 4, "template_tokens": 6},
         {"type": "prefill_start", "t_ms": 5, "prompt_tokens": 10},
-        {"type": "prefill_end", "t_ms": 50, "ms": 45, "cache_tokens": 10, "cache_bytes_measured": 100, "cache_bytes_formula": 100},
-        {"type": "token", "t_ms": 50, "index": 0, "text": "A", "step_ms": 0, "cache_tokens": 10, "cache_bytes_measured": 100, "cache_bytes_formula": 100},
-        {"type": "token", "t_ms": 70, "index": 1, "text": "", "step_ms": 18, "cache_tokens": 11, "cache_bytes_measured": 110, "cache_bytes_formula": 110},
-        {"type": "token", "t_ms": 100, "index": 2, "text": "b", "step_ms": 28, "cache_tokens": 12, "cache_bytes_measured": 120, "cache_bytes_formula": 120},
+        {
+            "type": "prefill_end",
+            "t_ms": 50,
+            "ms": 45,
+            "cache_tokens": 10,
+            "cache_bytes_measured": 100,
+            "cache_bytes_formula": 100,
+        },
+        {
+            "type": "token",
+            "t_ms": 50,
+            "index": 0,
+            "text": "A",
+            "step_ms": 0,
+            "cache_tokens": 10,
+            "cache_bytes_measured": 100,
+            "cache_bytes_formula": 100,
+        },
+        {
+            "type": "token",
+            "t_ms": 70,
+            "index": 1,
+            "text": "",
+            "step_ms": 18,
+            "cache_tokens": 11,
+            "cache_bytes_measured": 110,
+            "cache_bytes_formula": 110,
+        },
+        {
+            "type": "token",
+            "t_ms": 100,
+            "index": 2,
+            "text": "b",
+            "step_ms": 28,
+            "cache_tokens": 12,
+            "cache_bytes_measured": 120,
+            "cache_bytes_formula": 120,
+        },
         {"type": "finished", "t_ms": 110, "tokens": 3, "text": "Ab", "reason": "eos", "metrics": {}},
     ]
     m = import_module(page, mod, f"m.summarize({json.dumps(events)})")
@@ -137,6 +179,7 @@ def test_chart_scale_math(fake_server, page):
 
 
 # ---- composer and budget (fake model: byte tokenizer, 512-token window) -------------------------
+
 
 def test_composer_colours_tokens_by_provenance(fake_server, page, console_errors):
     open_lab(page, fake_server)
@@ -240,7 +283,12 @@ def test_controls_reach_the_server(fake_server, page, console_errors):
     expect(page.locator("#lab-answer .lab-answer-text")).to_have_text(done["text"])
     expect(page.locator("#lab-status")).to_contain_text("a stop string appeared")
     sent = page.evaluate("window.__labSent")[-1]
-    assert sent["stop"] == ["cache"] and sent["sampling"] == {"temperature": 0, "top_k": None, "top_p": 1.0, "seed": None}
+    assert sent["stop"] == ["cache"] and sent["sampling"] == {
+        "temperature": 0,
+        "top_k": None,
+        "top_p": 1.0,
+        "seed": None,
+    }
     # Sampling sends its settings; the seed fixes the text.
     page.check('input[name="lab-sampling"][value="sample"]')
     page.fill("#lab-top-k", "40")
@@ -249,7 +297,12 @@ def test_controls_reach_the_server(fake_server, page, console_errors):
     for _ in range(2):
         run_and_wait(page, "finished")
         texts.append(frames(page, "finished")[-1]["text"])
-    assert page.evaluate("window.__labSent")[-1]["sampling"] == {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 7}
+    assert page.evaluate("window.__labSent")[-1]["sampling"] == {
+        "temperature": 0.7,
+        "top_k": 40,
+        "top_p": 0.9,
+        "seed": 7,
+    }
     assert texts[0] == texts[1]
     assert console_errors == []
 
@@ -301,7 +354,10 @@ def test_export_import_and_replay_trace(fake_server, page, console_errors, tmp_p
     expect(page.locator("#lab-import-status")).to_contain_text("Imported")
     rows = page.locator("#lab-history-table tbody tr")
     expect(rows).to_have_count(2)
-    cells = lambda r: r.locator("td").all_inner_texts()[2:11]  # outcome … tok/s
+
+    def cells(r):
+        return r.locator("td").all_inner_texts()[2:11]  # outcome … tok/s
+
     assert cells(rows.nth(0)) == cells(rows.nth(1))
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something-else"}')
@@ -323,6 +379,7 @@ def test_invalid_field_is_named(fake_server, page, console_errors):
 
 # ---- the real default model -------------------------------------------------------------------
 
+
 def test_real_run_streams_and_shows_all_metrics(real_server, page, console_errors):
     open_lab(page, real_server)
     set_max_new(page, 24)
@@ -337,8 +394,10 @@ def test_real_run_streams_and_shows_all_metrics(real_server, page, console_error
     ttft = float(page.locator('#lab-metrics [data-metric="ttft"] dd').first.inner_text().split()[0])
     assert ttft == pytest.approx(done["metrics"]["ttft_ms"], abs=0.1)  # same definition as the server
     last = tokens[-1]
-    assert f'{last["cache_bytes_measured"]:,} B measured vs {last["cache_bytes_formula"]:,} B formula' in \
-        page.locator('#lab-metrics [data-metric="cache"] dd').first.inner_text()
+    assert (
+        f"{last['cache_bytes_measured']:,} B measured vs {last['cache_bytes_formula']:,} B formula"
+        in page.locator('#lab-metrics [data-metric="cache"] dd').first.inner_text()
+    )
     # One latency point per decode step, one cache point per token.
     assert page.locator('#lab-latency-chart [data-series="step time"] circle').count() == len(tokens) - 1
     assert page.locator('#lab-cache-chart [data-series="measured"] circle').count() == len(tokens)
@@ -360,7 +419,7 @@ def test_real_stop_mid_answer_is_cancelled_at_the_server(real_server, page, cons
     received = frames(page)
     cancelled = [i for i, f in enumerate(received) if f["type"] == "cancelled"]
     assert len(cancelled) == 1 and received[cancelled[0]]["cause"] == "client"
-    assert not [f for f in received[cancelled[0] + 1:] if f["type"] == "token"]
+    assert not [f for f in received[cancelled[0] + 1 :] if f["type"] == "token"]
     n = received[cancelled[0]]["tokens"]
     assert 3 <= n < 400
     expect(page.locator("#lab-status")).to_contain_text(f"Did not finish: cancelled during decode after {n} tokens")
@@ -372,8 +431,10 @@ def test_real_stop_mid_answer_is_cancelled_at_the_server(real_server, page, cons
 
 
 def points(page, card: str, series: str, chart=".lab-exp-chart"):
-    return [(float(c.get_attribute("data-x")), float(c.get_attribute("data-y")))
-            for c in page.locator(f'[data-experiment="{card}"] {chart} [data-series="{series}"] circle').all()]
+    return [
+        (float(c.get_attribute("data-x")), float(c.get_attribute("data-y")))
+        for c in page.locator(f'[data-experiment="{card}"] {chart} [data-series="{series}"] circle').all()
+    ]
 
 
 def run_experiment(page, key: str):
@@ -390,14 +451,19 @@ def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page
     off, on = points(page, "kv", "cache off"), points(page, "kv", "cache on")
     assert len(off) == len(on) == 4 * 7  # four prompts, seven decode steps each
     assert max(x for x, _ in off) > 5 * min(x for x, _ in off)  # positions span a wide range
+
     # Without the cache each step recomputes the whole sequence: its time rises with position.
     # The CPU is shared, so other processes slow random steps, often several-fold: the fastest step
     # at the shortest and the longest prompt, the least disturbed ones, carry the trend.
-    fastest = lambda pts: min(y for _, y in pts)
+    def fastest(pts):
+        return min(y for _, y in pts)
+
     shortest, longest = off[:7], off[-7:]
     assert fastest(longest) > fastest(shortest)
     assert fastest(longest) > fastest(on[-7:])
-    expect(page.locator('[data-experiment="kv"] .lab-exp-summary')).to_contain_text("Without the cache the fastest step took")
+    expect(page.locator('[data-experiment="kv"] .lab-exp-summary')).to_contain_text(
+        "Without the cache the fastest step took"
+    )
     shoot(page, "lab-exp-kv", '[data-experiment="kv"]')
     assert console_errors == []
 
@@ -405,13 +471,19 @@ def test_real_kv_experiment_cache_off_steps_rise_with_position(real_server, page
 def test_real_delivery_experiment_buffered_text_comes_with_the_finish(real_server, page, console_errors):
     open_lab(page, real_server)
     run_experiment(page, "delivery")
-    lanes = {name: page.locator(f'[data-experiment="delivery"] [data-lane="{name}"]') for name in ("stream", "buffered")}
+    lanes = {
+        name: page.locator(f'[data-experiment="delivery"] [data-lane="{name}"]') for name in ("stream", "buffered")
+    }
     first_text = {n: float(lane.locator(".chart-mark").get_attribute("data-at")) for n, lane in lanes.items()}
-    ends = {n: max(float(r.get_attribute("data-to")) for r in lane.locator(".chart-seg").all()) for n, lane in lanes.items()}
+    ends = {
+        n: max(float(r.get_attribute("data-to")) for r in lane.locator(".chart-seg").all()) for n, lane in lanes.items()
+    }
     assert first_text["stream"] < ends["stream"]
     assert first_text["buffered"] == ends["buffered"]
     assert lanes["buffered"].locator(".chart-seg-receiving").count() == 0
-    expect(page.locator('[data-experiment="delivery"] .lab-exp-summary')).to_contain_text("the text came with the finish")
+    expect(page.locator('[data-experiment="delivery"] .lab-exp-summary')).to_contain_text(
+        "the text came with the finish"
+    )
     shoot(page, "lab-exp-delivery", '[data-experiment="delivery"]')
     assert console_errors == []
 
@@ -440,7 +512,10 @@ def test_real_prompt_sweep_plots_ttft_and_estimates(real_server, page, console_e
 def test_real_two_requests_are_batched_and_share_decode_steps(real_server, page, console_errors):
     open_lab(page, real_server)
     card = run_experiment(page, "concurrent")
-    segs = lambda lane, kind: page.locator(f'[data-experiment="concurrent"] [data-lane="{lane}"] .chart-seg-{kind}')
+
+    def segs(lane, kind):
+        return page.locator(f'[data-experiment="concurrent"] [data-lane="{lane}"] .chart-seg-{kind}')
+
     # B joined the batch while A decoded: its prefill began long before A's decode ended.
     a_decode_end = float(segs("A", "decode").get_attribute("data-to"))
     assert float(segs("B", "prefill").get_attribute("data-from")) < a_decode_end

@@ -1,9 +1,9 @@
 """The Content-Security-Policy as Chromium enforces it on the live page: the page and its
 same-origin WebSocket work, inline script and connections to other origins are blocked."""
+
 from __future__ import annotations
 
 import pytest
-
 from kvscope_testkit import screenshot
 
 WATCH_VIOLATIONS = """() => {

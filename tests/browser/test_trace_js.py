@@ -1,6 +1,7 @@
 """static/js/trace.js and the walkthrough's pure modules (stages.js, layout.js), run in Debian's
 Chromium against the shipped trace: parsing refuses what it should, the derived run matches the
 events, and every stage's state depends on (stage, run) alone."""
+
 from __future__ import annotations
 
 import functools
@@ -33,32 +34,41 @@ def js(page, static_url):
     page.goto(static_url + "/static/data/trace-example.json")
 
     def run(body: str, arg=None):
-        return page.evaluate(f"""async (arg) => {{
+        return page.evaluate(
+            f"""async (arg) => {{
           const trace = await import('/static/js/trace.js');
           const stages = await import('/static/js/walkthrough/stages.js');
           const layout = await import('/static/js/walkthrough/layout.js');
           const T = await (await fetch('/static/data/trace-example.json')).json();
           {body}
-        }}""", arg)
+        }}""",
+            arg,
+        )
+
     return run
 
 
 def test_parse_accepts_the_shipped_trace_from_text_and_object(js):
-    assert js("return [trace.parseTrace(JSON.stringify(T)).events.length, trace.parseTrace(T).format];") == \
-        [len(TRACE["events"]), "kvscope-trace"]
+    assert js("return [trace.parseTrace(JSON.stringify(T)).events.length, trace.parseTrace(T).format];") == [
+        len(TRACE["events"]),
+        "kvscope-trace",
+    ]
 
 
-@pytest.mark.parametrize("change, problem", [
-    ("t.format = 'x'", "format"),
-    ("t.version = 2", "version"),
-    ("delete t.model.kv_heads", "kv_heads"),
-    ("t.events.pop()", "terminal"),
-    ("t.events.splice(t.events.findIndex((e) => e.type === 'token' && e.index === 2), 1)", "expected 2"),
-    ("t.events.find((e) => e.type === 'token').t_ms = -5", "back in time"),
-    ("t.events[0].type = 'surprise'", "not a protocol event"),
-    ("t.events.find((e) => e.type === 'token').text = 7", "text"),
-    ("t.prompt = {tokens: 'no'}", "prompt.tokens"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ("t.format = 'x'", "format"),
+        ("t.version = 2", "version"),
+        ("delete t.model.kv_heads", "kv_heads"),
+        ("t.events.pop()", "terminal"),
+        ("t.events.splice(t.events.findIndex((e) => e.type === 'token' && e.index === 2), 1)", "expected 2"),
+        ("t.events.find((e) => e.type === 'token').t_ms = -5", "back in time"),
+        ("t.events[0].type = 'surprise'", "not a protocol event"),
+        ("t.events.find((e) => e.type === 'token').text = 7", "text"),
+        ("t.prompt = {tokens: 'no'}", "prompt.tokens"),
+    ],
+)
 def test_parse_refuses_a_broken_trace_naming_the_problem(js, change, problem):
     result = js(f"""const t = structuredClone(T); {change};
       try {{ trace.parseTrace(t); return null; }} catch (e) {{ return [e.name, e.problems.join(' | ')]; }}""")
@@ -140,8 +150,12 @@ def test_a_run_in_progress_shows_the_stage_of_its_latest_event(js):
         out[k] = [stages.STAGES[i].name, stages.figureState(stages.stageIndex('decode'), run).generated];
       }
       return out;""")
-    assert phases == {"queued": ["queue", 0], "prefill": ["prefill", 0], "first": ["first-token", 0],
-                      "decode": ["decode", 3]}
+    assert phases == {
+        "queued": ["queue", 0],
+        "prefill": ["prefill", 0],
+        "first": ["first-token", 0],
+        "decode": ["decode", 3],
+    }
 
 
 def test_an_interrupted_run_says_it_is_incomplete(js):

@@ -1,6 +1,7 @@
 """The walkthrough in Debian's Chromium: scrolling drives the stages (and back restores them), the
 controls, keyboard and `#stage-…` links jump, reduced motion is honoured, a lab run can be shown,
 and a live run of the real model plays its events into the figure with measured times."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect
-
 from kvscope_testkit import screenshot
+from playwright.sync_api import expect
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
@@ -109,10 +109,13 @@ def scroll_through(page, stages_wanted, direction=1):
     figure = page.locator(FIGURE)
     for _ in range(400):
         settle(page)
-        expected = page.evaluate("""(line) => {
+        expected = page.evaluate(
+            """(line) => {
           const steps = [...document.querySelectorAll('.wt-step')];
           let i = 0; steps.forEach((s, k) => { if (s.getBoundingClientRect().top <= line) i = k; });
-          return steps[i].dataset.stage; }""", reading_line(page))
+          return steps[i].dataset.stage; }""",
+            reading_line(page),
+        )
         expect(figure).to_have_attribute("data-stage", expected)
         if not seen or seen[-1] != expected:
             seen.append(expected)
@@ -164,8 +167,16 @@ def test_prev_next_stage_list_and_keyboard_jump(page, fake_server, console_error
     screenshot(page, f"walkthrough-cache-{viewport['width']}")
 
     figure.focus()
-    for key, stage in [("End", "map"), ("Home", "input"), ("PageDown", "template"), ("ArrowRight", "tokens"),
-                       ("ArrowDown", "queue"), ("ArrowLeft", "tokens"), ("ArrowUp", "template"), ("PageUp", "input")]:
+    for key, stage in [
+        ("End", "map"),
+        ("Home", "input"),
+        ("PageDown", "template"),
+        ("ArrowRight", "tokens"),
+        ("ArrowDown", "queue"),
+        ("ArrowLeft", "tokens"),
+        ("ArrowUp", "template"),
+        ("PageUp", "input"),
+    ]:
         page.keyboard.press(key)
         expect(figure).to_have_attribute("data-stage", stage)
     check_stage(snapshot(page), "input")
@@ -236,9 +247,20 @@ def test_lab_run_is_shown_and_a_bad_one_is_refused(page, fake_server, console_er
     open_page(page, fake_server, WIDE)
     # A run the lab exported after a cancel: the first five tokens, then `cancelled`.
     events = [e for e in TRACE["events"] if e["type"] != "token" or e["index"] < 5][:-1]
-    events.append({"type": "cancelled", "schema": 1, "request_id": "lab-1", "t_ms": events[-1]["t_ms"] + 1,
-                   "reason": "cancelled", "cause": "client", "state": "decode", "tokens": 5,
-                   "text": "".join(e["text"] for e in TOKENS[:5]), "metrics": {}})
+    events.append(
+        {
+            "type": "cancelled",
+            "schema": 1,
+            "request_id": "lab-1",
+            "t_ms": events[-1]["t_ms"] + 1,
+            "reason": "cancelled",
+            "cause": "client",
+            "state": "decode",
+            "tokens": 5,
+            "text": "".join(e["text"] for e in TOKENS[:5]),
+            "metrics": {},
+        }
+    )
     lab_trace = {**TRACE, "events": events}
     page.evaluate("(t) => document.dispatchEvent(new CustomEvent('kvscope:replay-trace', {detail: t}))", lab_trace)
     figure = page.locator(FIGURE)

@@ -1,5 +1,6 @@
 """`kvscope bench --via-websocket` against a live server (fake model, 20 ms per step): requests go
 through the real protocol with a browser's Origin, and every outcome is counted."""
+
 from __future__ import annotations
 
 import contextlib
@@ -51,9 +52,28 @@ def test_bench_command_over_the_socket(stepping_server, tmp_path):
     path = tmp_path / "ws.json"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["bench", "--model", "fake", "--via-websocket", stepping_server.ws_url, "--prompt-lens", "60",
-                     "--output-lens", "6", "--concurrency", "1,2", "--repeats", "1", "--no-cache-probe",
-                     "--no-baselines", "--json", str(path), "--no-progress"])
+        code = main(
+            [
+                "bench",
+                "--model",
+                "fake",
+                "--via-websocket",
+                stepping_server.ws_url,
+                "--prompt-lens",
+                "60",
+                "--output-lens",
+                "6",
+                "--concurrency",
+                "1,2",
+                "--repeats",
+                "1",
+                "--no-cache-probe",
+                "--no-baselines",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
     report = json.loads(path.read_text())
     assert code == 0 and validate(report, SCHEMA) == []
     assert report["mode"] == "websocket" and report["totals"]["completed"] == report["totals"]["requests"] == 3
@@ -65,9 +85,27 @@ def test_bench_command_over_the_socket(stepping_server, tmp_path):
 def test_baselines_beside_the_socket(stepping_server, tmp_path):
     path = tmp_path / "ws-baselines.json"
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main(["bench", "--model", "fake", "--via-websocket", stepping_server.ws_url, "--prompt-lens", "60",
-                     "--output-lens", "6", "--concurrency", "1", "--repeats", "2", "--no-cache-probe",
-                     "--json", str(path), "--no-progress"])
+        code = main(
+            [
+                "bench",
+                "--model",
+                "fake",
+                "--via-websocket",
+                stepping_server.ws_url,
+                "--prompt-lens",
+                "60",
+                "--output-lens",
+                "6",
+                "--concurrency",
+                "1",
+                "--repeats",
+                "2",
+                "--no-cache-probe",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
     report = json.loads(path.read_text())
     assert code == 0 and validate(report, SCHEMA) == []
     assert [len(c["order"]) for c in report["comparisons"]] == [4, 4]  # stepped engine, bare, generate, socket

@@ -1,4 +1,5 @@
 """`kvscope serve`: one-line errors for bad arguments, and a real gunicorn server on the chosen port."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,15 +11,17 @@ import pytest
 
 
 def serve(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", "serve", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--model", "./no/such/model"], "no such file or folder"),
-    (["--device", "tpu"], "--device must be auto, cuda, mps or cpu"),
-    (["--dtype", "float8"], "--dtype must be auto, float32, bfloat16 or float16"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--model", "./no/such/model"], "no such file or folder"),
+        (["--device", "tpu"], "--device must be auto, cuda, mps or cpu"),
+        (["--dtype", "float8"], "--dtype must be auto, float32, bfloat16 or float16"),
+    ],
+)
 def test_bad_arguments_give_one_line_that_says_what_to_do(args, words):
     result = serve(*args)
     assert result.returncode == 2

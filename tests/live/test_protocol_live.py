@@ -1,16 +1,17 @@
 """The WebSocket protocol (docs/protocol.md) against a live gunicorn server and a real WebSocket
 client: full generate, cancel, several requests per socket, every validation case, the limits,
 the Origin/Host defences, and sockets that close or reset mid-stream."""
+
 from __future__ import annotations
 
 import json
 import urllib.request
 
 import pytest
+from kvscope_testkit import HELLO, TERMINAL, LogCursor, RawClient, browser_headers, end_is, generate_frame
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from kvscope_testkit import HELLO, TERMINAL, LogCursor, RawClient, browser_headers, end_is, generate_frame
 from model_runner.fake import ANSWER
 
 WAIT_S = 60.0  # deadline for conditions that hold in well under a second; never a timing claim
@@ -53,6 +54,7 @@ def until(ws, predicate) -> dict:
 
 
 # ---- the happy paths -----------------------------------------------------------------------------
+
 
 def test_a_full_generate_streams_every_stage_to_finished(fake_server):
     with open_ws(fake_server) as ws:
@@ -103,38 +105,104 @@ CASES = {
     "malformed JSON": ('{"type": "generate", ', None, "invalid_json", None, "not valid JSON"),
     "binary frame": (b'{"type": "generate"}', None, "invalid_json", None, "binary"),
     "JSON that is not an object": ("[1, 2, 3]", None, "invalid_json", None, "JSON object"),
-    "unknown type": ({"type": "summon", "request_id": "v"}, None, "invalid_request", "type", "'generate', 'cancel', 'subscribe' or 'unsubscribe'"),
+    "unknown type": (
+        {"type": "summon", "request_id": "v"},
+        None,
+        "invalid_request",
+        "type",
+        "'generate', 'cancel', 'subscribe' or 'unsubscribe'",
+    ),
     "missing type": ({"request_id": "v", "messages": HELLO}, None, "invalid_request", "type", "got None"),
     "missing request_id": ({"type": "generate", "messages": HELLO}, None, "invalid_request", "request_id", "1 to 64"),
     "wrong-typed request_id": ({**GOOD, "request_id": 12}, None, "invalid_request", "request_id", "got 12"),
     "missing messages": ({"type": "generate", "request_id": "v"}, "v", "invalid_request", "messages", "non-empty list"),
     "wrong-typed messages": ({**GOOD, "messages": "hello"}, "v", "invalid_request", "messages", "non-empty list"),
     "empty messages": ({**GOOD, "messages": []}, "v", "invalid_request", "messages", "non-empty list"),
-    "unknown role": ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "v", "invalid_request",
-                     "messages[0].role", "system, user, assistant, retrieved"),
-    "wrong-typed content": ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "v", "invalid_request",
-                            "messages[0].content", "must be a string"),
-    "empty last user message": ({**GOOD, "messages": [{"role": "user", "content": "  "}]}, "v", "invalid_request",
-                                "messages[0]", "non-empty `user` message"),
-    "max_new_tokens 0": ({**GOOD, "max_new_tokens": 0}, "v", "invalid_request", "max_new_tokens",
-                         "`max_new_tokens` must be between 1 and 1024, got 0"),
+    "unknown role": (
+        {**GOOD, "messages": [{"role": "wizard", "content": "hi"}]},
+        "v",
+        "invalid_request",
+        "messages[0].role",
+        "system, user, assistant, retrieved",
+    ),
+    "wrong-typed content": (
+        {**GOOD, "messages": [{"role": "user", "content": 5}]},
+        "v",
+        "invalid_request",
+        "messages[0].content",
+        "must be a string",
+    ),
+    "empty last user message": (
+        {**GOOD, "messages": [{"role": "user", "content": "  "}]},
+        "v",
+        "invalid_request",
+        "messages[0]",
+        "non-empty `user` message",
+    ),
+    "max_new_tokens 0": (
+        {**GOOD, "max_new_tokens": 0},
+        "v",
+        "invalid_request",
+        "max_new_tokens",
+        "`max_new_tokens` must be between 1 and 1024, got 0",
+    ),
     "max_new_tokens as text": ({**GOOD, "max_new_tokens": "ten"}, "v", "invalid_request", "max_new_tokens", "integer"),
-    "NaN temperature": ('{"type": "generate", "request_id": "v", "messages": [{"role": "user", "content": "hi"}], '
-                        '"sampling": {"temperature": NaN}}', "v", "invalid_request", "sampling.temperature", "between 0 and 2"),
-    "negative temperature": ({**GOOD, "sampling": {"temperature": -0.5}}, "v", "invalid_request",
-                             "sampling.temperature", "between 0 and 2, got -0.5"),
+    "NaN temperature": (
+        '{"type": "generate", "request_id": "v", "messages": [{"role": "user", "content": "hi"}], '
+        '"sampling": {"temperature": NaN}}',
+        "v",
+        "invalid_request",
+        "sampling.temperature",
+        "between 0 and 2",
+    ),
+    "negative temperature": (
+        {**GOOD, "sampling": {"temperature": -0.5}},
+        "v",
+        "invalid_request",
+        "sampling.temperature",
+        "between 0 and 2, got -0.5",
+    ),
     "top_p 0": ({**GOOD, "sampling": {"top_p": 0}}, "v", "invalid_request", "sampling.top_p", "(0, 1]"),
-    "top_p above 1": ({**GOOD, "sampling": {"top_p": 1.5}}, "v", "invalid_request", "sampling.top_p", "(0, 1], got 1.5"),
-    "top_k 0": ({**GOOD, "sampling": {"top_k": 0}}, "v", "invalid_request", "sampling.top_k", "between 1 and 1000, got 0"),
+    "top_p above 1": (
+        {**GOOD, "sampling": {"top_p": 1.5}},
+        "v",
+        "invalid_request",
+        "sampling.top_p",
+        "(0, 1], got 1.5",
+    ),
+    "top_k 0": (
+        {**GOOD, "sampling": {"top_k": 0}},
+        "v",
+        "invalid_request",
+        "sampling.top_k",
+        "between 1 and 1000, got 0",
+    ),
     "too many stop strings": ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "v", "invalid_request", "stop", "at most 4"),
-    "too long stop string": ({**GOOD, "stop": ["x" * 65]}, "v", "invalid_request", "stop", "1 to 64 characters, got 65"),
+    "too long stop string": (
+        {**GOOD, "stop": ["x" * 65]},
+        "v",
+        "invalid_request",
+        "stop",
+        "1 to 64 characters, got 65",
+    ),
     "unknown delivery": ({**GOOD, "delivery": "pigeon"}, "v", "invalid_request", "delivery", "'stream', 'buffered'"),
     "wrong-typed kv_cache": ({**GOOD, "kv_cache": "yes"}, "v", "invalid_request", "kv_cache", "true or false"),
-    "negative prefill_chunk": ({**GOOD, "prefill_chunk": -1}, "v", "invalid_request", "prefill_chunk", "between 0 and 8192"),
+    "negative prefill_chunk": (
+        {**GOOD, "prefill_chunk": -1},
+        "v",
+        "invalid_request",
+        "prefill_chunk",
+        "between 0 and 8192",
+    ),
     "unknown overflow policy": ({**GOOD, "overflow": "ignore"}, "v", "invalid_request", "overflow", "'reject'"),
     "timeout_s 0": ({**GOOD, "timeout_s": 0}, "v", "invalid_request", "timeout_s", "(0, 300]"),
-    "prompt past the context window": ({**GOOD, "messages": [{"role": "user", "content": "word " * 120}]}, "v",
-                                       "context_overflow", "max_new_tokens", "512"),
+    "prompt past the context window": (
+        {**GOOD, "messages": [{"role": "user", "content": "word " * 120}]},
+        "v",
+        "context_overflow",
+        "max_new_tokens",
+        "512",
+    ),
 }
 
 
@@ -178,6 +246,7 @@ def test_requests_in_flight_per_socket_and_the_queue_are_capped_with_immediate_e
 
 
 # ---- closing mid-stream -----------------------------------------------------------------------
+
 
 def raw_ws(server) -> RawClient:
     """A WebSocket on a plain socket, so the test alone decides how the TCP connection ends."""
@@ -233,6 +302,7 @@ def test_a_reset_while_queued_drops_the_request_without_prefill(capped_server):
 
 # ---- who may connect -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("origin", [None, "http://evil.example", "null", "http://127.0.0.1:1"])
 def test_a_foreign_or_missing_origin_is_refused_with_403_before_any_model_work(fake_server, origin):
     log = LogCursor(fake_server)
@@ -243,7 +313,9 @@ def test_a_foreign_or_missing_origin_is_refused_with_403_before_any_model_work(f
 
 
 def test_a_rebinding_host_name_is_refused(fake_server):
-    request = urllib.request.Request(fake_server.url + "/api/model", headers={"Host": f"evil.example:{fake_server.port}"})
+    request = urllib.request.Request(
+        fake_server.url + "/api/model", headers={"Host": f"evil.example:{fake_server.port}"}
+    )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=WAIT_S)
     assert info.value.code == 403
@@ -258,8 +330,11 @@ def test_http_api_answers_over_the_live_server(fake_server):
         assert json.load(r)["facts"]["context_window"] == 512
         assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
     body = json.dumps({"messages": HELLO}).encode()
-    request = urllib.request.Request(fake_server.url + "/api/prompt", data=body,
-                                     headers={"Content-Type": "application/json", "Origin": fake_server.url})
+    request = urllib.request.Request(
+        fake_server.url + "/api/prompt",
+        data=body,
+        headers={"Content-Type": "application/json", "Origin": fake_server.url},
+    )
     with urllib.request.urlopen(request, timeout=WAIT_S) as r:
         assert json.load(r)["counts"]["content"] > 0
     with urllib.request.urlopen(fake_server.url + "/healthz", timeout=WAIT_S) as r:

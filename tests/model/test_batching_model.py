@@ -1,13 +1,14 @@
 """Continuous batching on the product's model (SmolLM2-135M-Instruct, CPU): requests that share
 engine steps get the same greedy tokens as when each runs alone, the paged pool's bytes follow the
 formula at every step, and prefix caching skips computing a shared prompt prefix."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from kvscope_testkit import wait_until
+
 from model_runner.request import parse_generate
 
 QUESTIONS = [
@@ -60,7 +61,9 @@ def test_eight_requests_batched_give_each_the_tokens_it_gets_alone(alone_and_tog
     alone, together = alone_and_together
     assert all(events[-1]["type"] == "finished" for events in alone + together)
     identical = [token_ids(a) == token_ids(t) for a, t in zip(alone, together)]
-    assert all(identical), f"{identical.count(False)} of 8 differ: {[i for i, same in enumerate(identical) if not same]}"
+    assert all(identical), (
+        f"{identical.count(False)} of 8 differ: {[i for i, same in enumerate(identical) if not same]}"
+    )
     # They really shared steps: most tokens of the batched run came from steps of several requests.
     sizes = [e["batch_size"] for events in together for e in events if e["type"] == "token" and e["index"] > 0]
     assert max(sizes) >= 4 and all(e["batch_size"] == 1 for e in alone[0] if e["type"] == "token")
@@ -86,8 +89,10 @@ def test_every_batched_request_gives_its_blocks_back(alone_and_together, real_en
 
 
 def test_prefix_caching_gives_the_same_text_and_skips_the_shared_prefix(real_engine):
-    system = ("You are a patient tutor for a class on language models. Answer in plain words, in one or two "
-              "sentences, and never use jargon without explaining it first. ") * 2
+    system = (
+        "You are a patient tutor for a class on language models. Answer in plain words, in one or two "
+        "sentences, and never use jargon without explaining it first. "
+    ) * 2
     first, second = ask("What is a KV cache?", 12, system), ask("What is a KV cache?", 12, system)
     real_engine.set_policy(prefix_caching=True)
     try:

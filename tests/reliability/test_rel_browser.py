@@ -1,14 +1,14 @@
 """Cases 21–23 in Chromium: hostile model text renders as inert text under the CSP, a closed tab
 stops its request on the server at once, and the last tokens and the finish event are shown even
 when the server closes the socket right after sending them."""
+
 from __future__ import annotations
 
 import json
 import time
 
-from playwright.sync_api import expect
-
 from kvscope_testkit import Client, LogCursor, end_is
+from playwright.sync_api import expect
 
 RUN_TIMEOUT = 60_000  # ms, fake model on a shared 2-core machine
 EVIL = ['<img src=x onerror="window.__xss=1">', "<script>window.__xss=2</script>", '"><svg onload="window.__xss=3">']
@@ -56,7 +56,9 @@ def scripted_events(server) -> list[dict]:
     return events
 
 
-def test_21_hostile_model_text_renders_inert_and_the_csp_blocks_inline_script(page, fake_server, console_errors, figures):
+def test_21_hostile_model_text_renders_inert_and_the_csp_blocks_inline_script(
+    page, fake_server, console_errors, figures
+):
     script = scripted_events(fake_server)
 
     def fake_model(ws):
@@ -64,6 +66,7 @@ def test_21_hostile_model_text_renders_inert_and_the_csp_blocks_inline_script(pa
             rid = json.loads(message)["request_id"]
             for event in script:
                 ws.send(json.dumps({**event, "request_id": rid}))
+
         ws.on_message(on_message)
 
     page.route_web_socket("**/ws", fake_model)
@@ -91,8 +94,12 @@ def test_21_hostile_model_text_renders_inert_and_the_csp_blocks_inline_script(pa
         setTimeout(() => resolve('no violation reported'), 2000);
     })""")
     assert blocked.startswith("script-src") and page.evaluate("window.__inline") is None
-    figures["21"] = {"hostile_strings_shown_as_text": len(EVIL), "elements_injected": 0,
-                     "inline_script": f"blocked ({blocked})", "console_errors": 0}
+    figures["21"] = {
+        "hostile_strings_shown_as_text": len(EVIL),
+        "elements_injected": 0,
+        "inline_script": f"blocked ({blocked})",
+        "console_errors": 0,
+    }
 
 
 def test_22_closing_the_tab_mid_answer_cancels_on_the_server_within_a_second(context, slow_server, figures):
@@ -119,8 +126,9 @@ def test_22_closing_the_tab_mid_answer_cancels_on_the_server_within_a_second(con
     figures["22"] = {"cancelled_after_close_s": round(cancel_s, 3), "server_saw": how, "reload": "finished"}
 
 
-def test_23_the_last_tokens_and_finish_arrive_even_when_the_server_closes_right_after(page, fake_server, console_errors,
-                                                                                     figures):
+def test_23_the_last_tokens_and_finish_arrive_even_when_the_server_closes_right_after(
+    page, fake_server, console_errors, figures
+):
     ends = []
 
     def close_after_terminal(ws):
@@ -148,5 +156,9 @@ def test_23_the_last_tokens_and_finish_arrive_even_when_the_server_closes_right_
         shown = answer.evaluate("el => Array.from(el.querySelectorAll('.atok'), (s) => s.textContent).join('')")
         assert ends[i]["type"] == "finished" and shown == ends[i]["text"]
     assert len(ends) == len(lengths) and console_errors == []
-    figures["23"] = {"runs": len(lengths), "closed_right_after_terminal": len(ends), "all_finished_complete": True,
-                     "tokens_shown": list(lengths)}
+    figures["23"] = {
+        "runs": len(lengths),
+        "closed_right_after_terminal": len(ends),
+        "all_finished_complete": True,
+        "tokens_shown": list(lengths),
+    }

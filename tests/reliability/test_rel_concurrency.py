@@ -1,13 +1,14 @@
 """Cases 15 and 24: many clients at once over live sockets — identical greedy requests give
 identical, well-ordered streams, and a classroom of 30 tabs all finish with consistent queue places."""
+
 from __future__ import annotations
 
 import threading
 import time
 
 import pytest
-
 from kvscope_testkit import WAIT_S, Client, terminals
+
 from model_runner.config import POLICY
 from model_runner.fake import ANSWER
 
@@ -81,14 +82,20 @@ def test_15_identical_greedy_requests_at_once_give_identical_ordered_streams(fak
     assert len(texts) == 1 and ANSWER.startswith(texts.pop())
     ids = {tuple(e["id"] for e in events if e["type"] == "token") for events in streams}
     assert len(ids) == 1, "the same token ids, not only the same text"
-    figures["15"] = {"clients": n, "distinct_texts": 1, "terminal_events_each": 1,
-                     "tokens_each": len(next(iter(ids))), "seconds": round(elapsed, 2)}
+    figures["15"] = {
+        "clients": n,
+        "distinct_texts": 1,
+        "terminal_events_each": 1,
+        "tokens_each": len(next(iter(ids))),
+        "seconds": round(elapsed, 2),
+    }
 
 
 @pytest.mark.parametrize("clients", [30, pytest.param(45, marks=pytest.mark.full)])
 def test_24_a_classroom_of_concurrent_clients_all_finish_with_consistent_queue_places(clients, fake_server, figures):
-    streams, elapsed = run_together(fake_server, clients, messages=[{"role": "user", "content": "What is a KV cache?"}],
-                                    max_new_tokens=4)
+    streams, elapsed = run_together(
+        fake_server, clients, messages=[{"role": "user", "content": "What is a KV cache?"}], max_new_tokens=4
+    )
     first_places = []
     for events in streams:
         check_stream_order(events)
@@ -96,6 +103,12 @@ def test_24_a_classroom_of_concurrent_clients_all_finish_with_consistent_queue_p
         assert events[-1]["type"] == "finished" and events[-1]["reason"] == "max_tokens"
     assert max(first_places) <= clients
     ttft = sorted(events[-1]["metrics"]["ttft_ms"] for events in streams)
-    figures[f"24-{clients}"] = {"clients": clients, "finished": len(streams), "errors": 0,
-                                "seconds_for_all": round(elapsed, 2), "longest_queue_place": max(first_places),
-                                "ttft_ms_median": ttft[len(ttft) // 2], "ttft_ms_max": ttft[-1]}
+    figures[f"24-{clients}"] = {
+        "clients": clients,
+        "finished": len(streams),
+        "errors": 0,
+        "seconds_for_all": round(elapsed, 2),
+        "longest_queue_place": max(first_places),
+        "ttft_ms_median": ttft[len(ttft) // 2],
+        "ttft_ms_max": ttft[-1],
+    }

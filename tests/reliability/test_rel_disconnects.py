@@ -1,13 +1,29 @@
 """Cases 8, 10, 11, 13 and 14: clients that leave, lag or crowd in. Whatever they do, the model
 stops working for them at once, never works for a request nobody waits for, and keeps serving
 everyone else; a full queue says so immediately."""
+
 from __future__ import annotations
 
 import json
 import time
 
-from kvscope_testkit import (ONE_AT_A_TIME, PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code,
-                             end_is, generate_frame, server_holds_connection, slow_server_env, terminals, wait_until)
+from kvscope_testkit import (
+    ONE_AT_A_TIME,
+    PING_INTERVAL_S,
+    WAIT_S,
+    Client,
+    LogCursor,
+    RawClient,
+    browser_headers,
+    close_code,
+    end_is,
+    generate_frame,
+    server_holds_connection,
+    slow_server_env,
+    terminals,
+    wait_until,
+)
+
 from model_runner.request import parse_generate
 
 FULL_ANSWER_TOKENS = 91  # the fake model's whole answer, eos included
@@ -30,7 +46,8 @@ def short_run(server, rid: str) -> dict:
 
 
 def test_08_closing_mid_stream_stops_the_worker_within_one_step_and_the_next_ttft_is_normal(
-        slow_server, engine_factory, monkeypatch, figures):
+    slow_server, engine_factory, monkeypatch, figures
+):
     # In process: count the model's forward passes that start after the cancel.
     engine = engine_factory("fake:delay=5")
     calls = []
@@ -59,9 +76,13 @@ def test_08_closing_mid_stream_stops_the_worker_within_one_step_and_the_next_ttf
     assert received <= generated < FULL_ANSWER_TOKENS
     after = short_run(slow_server, "after")
     assert (after["position"], after["ahead"]) == (1, 0), "nothing may still run for the client that left"
-    figures["08"] = {"forward_passes_after_cancel": len(calls) - at_cancel, "tokens_received_before_close": received,
-                     "tokens_generated_at_cancel": generated, "ttft_ms_before": before["ttft_ms"],
-                     "ttft_ms_after": after["ttft_ms"]}
+    figures["08"] = {
+        "forward_passes_after_cancel": len(calls) - at_cancel,
+        "tokens_received_before_close": received,
+        "tokens_generated_at_cancel": generated,
+        "ttft_ms_before": before["ttft_ms"],
+        "ttft_ms_after": after["ttft_ms"],
+    }
 
 
 def test_10_a_client_that_leaves_while_queued_is_never_prefilled(slow_server, figures):
@@ -78,13 +99,14 @@ def test_10_a_client_that_leaves_while_queued_is_never_prefilled(slow_server, fi
     assert end_is(how, "cancelled", cause="disconnect", state="queued", tokens=0), how
     runner.cancel("running")
     end = terminals(runner.wait("running"))[0]
-    assert (end["type"], end["cause"], end["state"]) == ("cancelled", "client", "prefill"), "the runner ran on, undisturbed"
+    assert (end["type"], end["cause"], end["state"]) == ("cancelled", "client", "prefill"), (
+        "the runner ran on, undisturbed"
+    )
     runner.close()
     figures["10"] = {"left_while": "queued (position 1, 1 ahead)", "ended": how}
 
 
-def test_11_a_client_that_stops_reading_is_dropped_as_slow_and_others_are_served(
-        slow_server, engine_factory, figures):
+def test_11_a_client_that_stops_reading_is_dropped_as_slow_and_others_are_served(slow_server, engine_factory, figures):
     # In process: a consumer that never reads fills its bounded buffer and is dropped as slow,
     # while a request behind it completes; its terminal event still gets through.
     engine = engine_factory("fake", event_buffer=8)
@@ -109,15 +131,26 @@ def test_11_a_client_that_stops_reading_is_dropped_as_slow_and_others_are_served
     assert terminals(other.wait("other"))[0]["type"] == "finished", "the client behind it was served"
     other.close()
     how = log.wait_end("never-read")
-    assert (end_is(how, "finished", reason="max_tokens", tokens=40) or end_is(how, "cancelled", cause="slow_client")
-            or end_is(how, "cancelled", cause="disconnect")), how
-    wait_until(lambda: not server_holds_connection(slow_server, slow.local_port), "the server to let the client go",
-               timeout=WAIT_S + 4 * PING_INTERVAL_S)
+    assert (
+        end_is(how, "finished", reason="max_tokens", tokens=40)
+        or end_is(how, "cancelled", cause="slow_client")
+        or end_is(how, "cancelled", cause="disconnect")
+    ), how
+    wait_until(
+        lambda: not server_holds_connection(slow_server, slow.local_port),
+        "the server to let the client go",
+        timeout=WAIT_S + 4 * PING_INTERVAL_S,
+    )
     frames, closed = slow.read_frames(5)
     slow.close()
     assert closed
-    figures["11"] = {"in_process_buffer_events": 8, "in_process_stuck_events": len(stuck_events),
-                     "live_non_reader": how, "live_close_code": close_code(frames), "others": "finished"}
+    figures["11"] = {
+        "in_process_buffer_events": 8,
+        "in_process_stuck_events": len(stuck_events),
+        "live_non_reader": how,
+        "live_close_code": close_code(frames),
+        "others": "finished",
+    }
 
 
 def test_13_two_hundred_abandoned_requests_leave_the_server_ready_at_once(slow_server, figures):
@@ -147,8 +180,13 @@ def test_13_two_hundred_abandoned_requests_leave_the_server_ready_at_once(slow_s
     assert all(end_is(how, "cancelled", cause="disconnect") for how in ended.values())
     never_started = sum(end_is(how, "cancelled", state="queued", tokens=0) for how in ended.values())
     assert (after["position"], after["ahead"]) == (1, 0)
-    figures["13"] = {"abandoned": total, "never_prefilled": never_started, "seconds_to_send_and_abandon": round(abandoned_s, 1),
-                     "fresh_ttft_ms_before": before["ttft_ms"], "fresh_ttft_ms_after": after["ttft_ms"]}
+    figures["13"] = {
+        "abandoned": total,
+        "never_prefilled": never_started,
+        "seconds_to_send_and_abandon": round(abandoned_s, 1),
+        "fresh_ttft_ms_before": before["ttft_ms"],
+        "fresh_ttft_ms_after": after["ttft_ms"],
+    }
 
 
 def test_14_more_requests_than_the_queue_cap_get_overloaded_at_once(live_server, figures):
@@ -180,5 +218,9 @@ def test_14_more_requests_than_the_queue_cap_get_overloaded_at_once(live_server,
     accepted = [rid for rid, (e, _) in firsts.items() if e["type"] == "accepted"] + ["q-0"]
     log.wait_ended(accepted)
     waits = sorted(ms for rid, (_, ms) in firsts.items() if rid in overloaded)
-    figures["14"] = {"sent": sockets * per_socket, "queue_cap": cap, "overloaded": len(overloaded),
-                     "slowest_overloaded_answer_ms": round(waits[-1] * 1000, 1)}
+    figures["14"] = {
+        "sent": sockets * per_socket,
+        "queue_cap": cap,
+        "overloaded": len(overloaded),
+        "slowest_overloaded_answer_ms": round(waits[-1] * 1000, 1),
+    }

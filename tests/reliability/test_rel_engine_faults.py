@@ -1,6 +1,7 @@
 """Cases 16–19: faults inside the engine, with the engine in this process so a test can break it —
 a model step that raises, a worker thread that dies — and the bookkeeping that must survive any
 mix of endings: exactly one terminal event per request, and no KV cache or memory left behind."""
+
 from __future__ import annotations
 
 import gc
@@ -12,8 +13,8 @@ from collections import Counter
 import psutil
 import pytest
 import torch
-
 from kvscope_testkit import WAIT_S, Client, LogCursor, end_is, generate_frame, terminals
+
 from model_runner.errors import UserError
 from model_runner.request import parse_generate
 from model_runner.scheduler import Policy
@@ -74,7 +75,9 @@ def one_run(client: Client, rid: str, kind: str, rng: random.Random) -> str:
             return ""
         client.cancel(rid)
     ends = terminals(client.wait(rid))
-    return ends[0]["type"] + (f":{ends[0].get('code') or ends[0].get('cause') or ''}" if ends[0]["type"] != "finished" else "")
+    return ends[0]["type"] + (
+        f":{ends[0].get('code') or ends[0].get('cause') or ''}" if ends[0]["type"] != "finished" else ""
+    )
 
 
 def run_mixed(server, runs: int, threads: int = 4, seed: int = 16) -> tuple[dict, dict]:
@@ -123,7 +126,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("runs", [200, pytest.param(1000, marks=pytest.mark.full)])
 def test_16_every_stream_ends_with_exactly_one_terminal_event_in_mixed_runs(
-        runs, engine_factory, inprocess_server, monkeypatch, figures):
+    runs, engine_factory, inprocess_server, monkeypatch, figures
+):
     engine = engine_factory("fake")
     inject_model_faults(engine, monkeypatch)
     server = inprocess_server(engine)
@@ -133,29 +137,40 @@ def test_16_every_stream_ends_with_exactly_one_terminal_event_in_mixed_runs(
     seen_by_client = {rid: len(terminals(evs)) for rid, evs in histories.items()}
     ended = log.wait_ended([rid for rid, (kind, _) in outcomes.items() if kind != "invalid"])
     logged = log.ended()
-    lost = [rid for rid, (kind, _) in outcomes.items()
-            if (kind != "disconnect" and seen_by_client[rid] == 0) or (kind != "invalid" and rid not in ended)]
-    duplicated = [rid for rid, (kind, _) in outcomes.items()
-                  if seen_by_client[rid] > 1 or len(logged.get(rid, [])) > 1]
+    lost = [
+        rid
+        for rid, (kind, _) in outcomes.items()
+        if (kind != "disconnect" and seen_by_client[rid] == 0) or (kind != "invalid" and rid not in ended)
+    ]
+    duplicated = [rid for rid, (kind, _) in outcomes.items() if seen_by_client[rid] > 1 or len(logged.get(rid, [])) > 1]
     assert lost == [] and duplicated == []
     for rid, (kind, seen) in outcomes.items():
         assert seen in EXPECTED[kind], (rid, kind, seen)
         if kind == "disconnect":
-            assert end_is(ended[rid], "cancelled", cause="disconnect") or end_is(ended[rid], "finished"), (rid, ended[rid])
+            assert end_is(ended[rid], "cancelled", cause="disconnect") or end_is(ended[rid], "finished"), (
+                rid,
+                ended[rid],
+            )
         if kind != "disconnect":
             assert histories[rid][-1]["type"] in ("finished", "cancelled", "error"), "nothing after the terminal event"
     ok, why = engine.health()
     assert ok, why
     kinds = Counter(kind for kind, _ in outcomes.values())
-    figures[f"16-{runs}"] = {"runs": runs, "lost": len(lost), "duplicated": len(duplicated), "kinds": dict(kinds),
-                             "outcomes": dict(Counter(f"{k} -> {o or ended[r]['outcome']}"
-                                                      for r, (k, o) in outcomes.items()))}
+    figures[f"16-{runs}"] = {
+        "runs": runs,
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "kinds": dict(kinds),
+        "outcomes": dict(Counter(f"{k} -> {o or ended[r]['outcome']}" for r, (k, o) in outcomes.items())),
+    }
 
 
 # ---- case 17 ------------------------------------------------------------------------------------
 
+
 def test_17_an_exception_in_a_model_step_fails_that_request_and_the_worker_serves_the_next(
-        engine_factory, inprocess_server, monkeypatch, figures):
+    engine_factory, inprocess_server, monkeypatch, figures
+):
     engine = engine_factory("fake")
     inject_model_faults(engine, monkeypatch)
     client = Client(inprocess_server(engine))
@@ -171,11 +186,15 @@ def test_17_an_exception_in_a_model_step_fails_that_request_and_the_worker_serve
     assert "token" not in ends["boom-prefill"] and ends["boom-decode"].count("token") == 3
     assert engine.health() == (True, "ready")
     client.close()
-    figures["17"] = {"prefill_fault": "error internal, next request finished",
-                     "decode_fault": "error internal after 3 tokens, next request finished", "worker": "alive"}
+    figures["17"] = {
+        "prefill_fault": "error internal, next request finished",
+        "decode_fault": "error internal after 3 tokens, next request finished",
+        "worker": "alive",
+    }
 
 
 # ---- case 18 ------------------------------------------------------------------------------------
+
 
 def broken_step():
     raise InjectedFault("injected: the worker loop broke")
@@ -183,7 +202,8 @@ def broken_step():
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_18_a_dead_worker_makes_healthz_503_and_new_requests_fail_at_once(
-        engine_factory, inprocess_server, monkeypatch, figures):
+    engine_factory, inprocess_server, monkeypatch, figures
+):
     engine = engine_factory("fake:delay=5")
     server = inprocess_server(engine)
     client = Client(server)
@@ -200,7 +220,9 @@ def test_18_a_dead_worker_makes_healthz_503_and_new_requests_fail_at_once(
 
     health = server.app.test_client().get("/healthz")
     assert health.status_code == 503
-    assert "engine worker is not running" in health.json["why"] and "injected: the worker loop broke" in health.json["why"]
+    assert (
+        "engine worker is not running" in health.json["why"] and "injected: the worker loop broke" in health.json["why"]
+    )
 
     with pytest.raises(UserError) as refused:
         engine.submit(parse_generate(generate_frame(None)), "direct")
@@ -208,8 +230,12 @@ def test_18_a_dead_worker_makes_healthz_503_and_new_requests_fail_at_once(
     after = client.run("after-death")
     assert [e["type"] for e in after] == ["error"] and after[0]["code"] == "model_failed"
     client.close()
-    figures["18"] = {"healthz": health.status_code, "why": health.json["why"],
-                     "in_flight_request": f"error {end[0]['code']}", "new_request": "error model_failed"}
+    figures["18"] = {
+        "healthz": health.status_code,
+        "why": health.json["why"],
+        "in_flight_request": f"error {end[0]['code']}",
+        "new_request": "error model_failed",
+    }
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -253,6 +279,7 @@ def ends_within(handle, seconds: float) -> bool:
 
 # ---- case 19 ------------------------------------------------------------------------------------
 
+
 def live_tensors() -> int:
     gc.collect()
     return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
@@ -262,8 +289,9 @@ def cancel_batch(engine, batch: int, n: int) -> Counter:
     """Submit `n` requests at once and cancel them all: the first while it decodes (or, every third
     batch, while it prefills in chunks), the rest while they wait. Returns where each ended."""
     chunked = batch % 3 == 0
-    first = engine.submit(parse_generate(ask("Tell me everything.", max_new_tokens=400,
-                                             prefill_chunk=8 if chunked else 0)), f"b{batch}-0")
+    first = engine.submit(
+        parse_generate(ask("Tell me everything.", max_new_tokens=400, prefill_chunk=8 if chunked else 0)), f"b{batch}-0"
+    )
     rest = [engine.submit(parse_generate(ask("And more.", max_new_tokens=400)), f"b{batch}-{i}") for i in range(1, n)]
     wanted = "prefill_chunk" if chunked else "token"
     while (event := first.next_event(WAIT_S)) is not None and event.type != wanted:
@@ -297,6 +325,11 @@ def test_19_cancelled_requests_leave_no_cache_tensors_or_memory_behind(cancels, 
     assert engine.active == 0 and not engine.scheduler.waiting and not engine.scheduler.running
     growth_mb = (rss_after - rss_before) / 2**20
     assert growth_mb < 32, f"RSS grew by {growth_mb:.1f} MiB over {cancels} cancelled requests"
-    figures[f"19-{cancels}"] = {"cancelled": cancels, "by_state": dict(states), "kv_blocks_held_after": blocks_held,
-                                "torch_tensors_before": tensors_before, "torch_tensors_after": tensors_after,
-                                "rss_growth_mib": round(growth_mb, 2)}
+    figures[f"19-{cancels}"] = {
+        "cancelled": cancels,
+        "by_state": dict(states),
+        "kv_blocks_held_after": blocks_held,
+        "torch_tensors_before": tensors_before,
+        "torch_tensors_after": tensors_after,
+        "rss_growth_mib": round(growth_mb, 2),
+    }

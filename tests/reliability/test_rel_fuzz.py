@@ -2,6 +2,7 @@
 every field (and valid values mixed in, to reach deeper checks); over one live socket, each frame
 must get an answer, every error must use a code and field the protocol documents, and the server
 must stay healthy with no traceback in its log."""
+
 from __future__ import annotations
 
 import itertools
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kvscope_testkit import WAIT_S, Client, LogCursor, terminals
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -35,14 +35,18 @@ def documented_fields() -> set[str]:
 CODES = documented_error_codes()
 FIELD_ROOTS = documented_fields()
 
+
 def text(**kwargs):
     """Text without lone surrogates: those get a strategy of their own, so they stay rare."""
     return st.text(st.characters(exclude_categories=["Cs"]), **kwargs)
 
 
-json_scalars = st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.floats() | text(max_size=40)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(text(max_size=8), inner, max_size=4), max_leaves=10)
+json_scalars = st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | text(max_size=40)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
 lone_surrogates = st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=2)
 
 
@@ -53,30 +57,48 @@ def field(valid, *odd):
     return st.sampled_from(range(10)).flatmap(lambda roll: odd if roll == 0 else valid)
 
 
-messages = st.lists(st.fixed_dictionaries({
-    "role": field(st.sampled_from(["user", "user", "system", "assistant", "retrieved"])),
-    "content": field(text(max_size=120)),
-}), max_size=3)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": field(st.sampled_from(["user", "user", "system", "assistant", "retrieved"])),
+            "content": field(text(max_size=120)),
+        }
+    ),
+    max_size=3,
+)
 messages = field(messages.map(lambda ms: ms + [{"role": "user", "content": "Hi"}]), messages)
-sampling = st.fixed_dictionaries({}, optional={
-    "temperature": field(st.floats(0, 2)), "top_k": field(st.none() | st.integers(1, 1000)),
-    "top_p": field(st.floats(0, 1)), "seed": field(st.none() | st.integers(0, 2**31 - 1)),
-})
-generate_fields = st.fixed_dictionaries({
-    "type": field(st.just("generate")).filter(lambda v: v != "cancel"),
-    "messages": messages,
-}, optional={
-    "max_new_tokens": field(st.integers(-2, 8)), "sampling": field(sampling),
-    "stop": field(st.lists(text(min_size=1, max_size=8), max_size=4), st.lists(text(max_size=70), max_size=6)),
-    "delivery": field(st.sampled_from(["stream", "buffered"])), "kv_cache": field(st.booleans()),
-    "prefill_chunk": field(st.integers(0, 64)),
-    "overflow": field(st.sampled_from(["reject", "truncate_history", "shrink_output"])),
-    "timeout_s": field(st.floats(0, 301)), "unnamed": json_values,
-    "lone_surrogate": field(st.none(), lone_surrogates),  # rare: a frame holding one is refused whole
-})
-frames = st.tuples(st.sampled_from(["generate", "generate", "generate", "cancel"]),
-                   field(st.none()),  # None: a fresh valid request id
-                   generate_fields)
+sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": field(st.floats(0, 2)),
+        "top_k": field(st.none() | st.integers(1, 1000)),
+        "top_p": field(st.floats(0, 1)),
+        "seed": field(st.none() | st.integers(0, 2**31 - 1)),
+    },
+)
+generate_fields = st.fixed_dictionaries(
+    {
+        "type": field(st.just("generate")).filter(lambda v: v != "cancel"),
+        "messages": messages,
+    },
+    optional={
+        "max_new_tokens": field(st.integers(-2, 8)),
+        "sampling": field(sampling),
+        "stop": field(st.lists(text(min_size=1, max_size=8), max_size=4), st.lists(text(max_size=70), max_size=6)),
+        "delivery": field(st.sampled_from(["stream", "buffered"])),
+        "kv_cache": field(st.booleans()),
+        "prefill_chunk": field(st.integers(0, 64)),
+        "overflow": field(st.sampled_from(["reject", "truncate_history", "shrink_output"])),
+        "timeout_s": field(st.floats(0, 301)),
+        "unnamed": json_values,
+        "lone_surrogate": field(st.none(), lone_surrogates),  # rare: a frame holding one is refused whole
+    },
+)
+frames = st.tuples(
+    st.sampled_from(["generate", "generate", "generate", "cancel"]),
+    field(st.none()),  # None: a fresh valid request id
+    generate_fields,
+)
 
 counter = itertools.count()
 
@@ -129,8 +151,13 @@ def test_25_random_json_in_every_field_gets_only_documented_errors(examples, fak
     log = LogCursor(fake_server)
     tally: dict[str, int] = {}
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(frames)
     def one(example):
         kind, weird_id, fields = example
@@ -149,5 +176,10 @@ def test_25_random_json_in_every_field_gets_only_documented_errors(examples, fak
     with urllib.request.urlopen(fake_server.url + "/healthz", timeout=WAIT_S) as r:
         assert json.load(r)["ok"] is True
     assert log.tracebacks() == []
-    figures[f"25-{examples}"] = {"examples": examples, "outcomes": dict(sorted(tally.items())),
-                                 "documented_codes": sorted(CODES), "crashes": 0, "hangs": 0}
+    figures[f"25-{examples}"] = {
+        "examples": examples,
+        "outcomes": dict(sorted(tally.items())),
+        "documented_codes": sorted(CODES),
+        "crashes": 0,
+        "hangs": 0,
+    }

@@ -1,5 +1,6 @@
 """Cases 6, 7, 9 and 12: what happens below the protocol — an oversized frame, a foreign page's
 handshake, a TCP reset mid-stream, and a client that went silent without closing."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,21 @@ import os
 import time
 
 import pytest
+from kvscope_testkit import (
+    PING_INTERVAL_S,
+    WAIT_S,
+    Client,
+    LogCursor,
+    RawClient,
+    browser_headers,
+    close_code,
+    end_is,
+    generate_frame,
+    server_holds_connection,
+    terminals,
+    wait_until,
+)
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-
-from kvscope_testkit import (PING_INTERVAL_S, WAIT_S, Client, LogCursor, RawClient, browser_headers, close_code,
-                             end_is, generate_frame, server_holds_connection, terminals, wait_until)
 
 
 def test_06_an_oversized_frame_closes_that_socket_with_1009_and_others_keep_working(fake_server, figures):
@@ -75,12 +87,20 @@ def test_12_a_half_open_client_is_closed_after_about_two_ping_intervals_and_free
     raw = RawClient(slow_server.port, browser_headers(slow_server))
     opened = time.monotonic()
     # Long work (a 365-token prompt read one token per step): it cannot end before the pings do.
-    raw.send_text(json.dumps(generate_frame("silent", messages=[{"role": "user", "content": "long " * 60}],
-                                            prefill_chunk=1, max_new_tokens=8)))
+    raw.send_text(
+        json.dumps(
+            generate_frame(
+                "silent", messages=[{"role": "user", "content": "long " * 60}], prefill_chunk=1, max_new_tokens=8
+            )
+        )
+    )
     # From here the client neither reads nor answers pings; the server must notice on its own.
     assert server_holds_connection(slow_server, raw.local_port)
-    wait_until(lambda: not server_holds_connection(slow_server, raw.local_port),
-               "the server to release the half-open connection", timeout=10 * PING_INTERVAL_S + WAIT_S)
+    wait_until(
+        lambda: not server_holds_connection(slow_server, raw.local_port),
+        "the server to release the half-open connection",
+        timeout=10 * PING_INTERVAL_S + WAIT_S,
+    )
     released_s = time.monotonic() - opened
     frames, closed = raw.read_frames(5)
     raw.close()
@@ -89,5 +109,9 @@ def test_12_a_half_open_client_is_closed_after_about_two_ping_intervals_and_free
     how = log.wait_end("silent")
     assert end_is(how, "cancelled", cause="disconnect"), how
     assert 1.0 * PING_INTERVAL_S <= released_s
-    figures["12"] = {"ping_interval_s": PING_INTERVAL_S, "released_after_s": round(released_s, 2),
-                     "close_code": 1008, "request": how}
+    figures["12"] = {
+        "ping_interval_s": PING_INTERVAL_S,
+        "released_after_s": round(released_s, 2),
+        "close_code": 1008,
+        "request": how,
+    }

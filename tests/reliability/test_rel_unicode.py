@@ -1,12 +1,14 @@
 """Case 20: text survives the round trip — emoji (one split across four byte tokens), CJK,
 right-to-left scripts and combining marks reach the model unchanged and come back without a
 U+FFFD, and a 10,000-character prompt arrives whole (on the real model: the fake one's window is 512)."""
+
 from __future__ import annotations
 
 import json
 import urllib.request
 
 from kvscope_testkit import Client, terminals
+
 from model_runner.fake import ANSWER
 
 MIXED = "Emoji 😀🧠👩‍👩‍👧, CJK 注意力と東京, RTL שלום עולם / مرحبا بالعالم, combining e\u0301."
@@ -15,7 +17,9 @@ UNIT = "Caches keep keys 😀 and values 注意 for later, שלום مرحبا. 
 
 def describe(server, messages) -> dict:
     body = json.dumps({"messages": messages, "max_new_tokens": 4}, ensure_ascii=False).encode()
-    request = urllib.request.Request(server.url + "/api/prompt", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.url + "/api/prompt", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as r:
         return json.load(r)
 
@@ -62,10 +66,18 @@ def test_20_unicode_and_a_10000_character_prompt_arrive_intact(fake_server, real
     client.cancel("long")  # the point is the prompt's arrival; a full prefill would cost ~a minute of CPU
     assert terminals(client.wait("long"))[0]["type"] in ("cancelled", "finished")
     # ...and the real model's own multi-byte output streams back whole.
-    reply = client.run("reply", messages=[{"role": "user", "content": "Write the word 東京 and the emoji 😀, nothing else."}],
-                       max_new_tokens=16)
+    reply = client.run(
+        "reply",
+        messages=[{"role": "user", "content": "Write the word 東京 and the emoji 😀, nothing else."}],
+        max_new_tokens=16,
+    )
     client.close()
     reply_text = assert_stream_intact(reply)
-    figures["20"] = {"fake_prompt_tokens": events[0]["prompt_tokens"], "fake_pending_tokens": pending,
-                     "long_prompt_chars": len(long_text), "long_prompt_tokens": accepted["prompt_tokens"],
-                     "real_reply": reply_text, "replacement_characters": 0}
+    figures["20"] = {
+        "fake_prompt_tokens": events[0]["prompt_tokens"],
+        "fake_pending_tokens": pending,
+        "long_prompt_chars": len(long_text),
+        "long_prompt_tokens": accepted["prompt_tokens"],
+        "real_reply": reply_text,
+        "replacement_characters": 0,
+    }

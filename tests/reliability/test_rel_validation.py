@@ -1,12 +1,12 @@
 """Cases 1–5: odd input over a live socket gets an in-band `error` naming the field and its limit,
 and the socket stays usable; the context budget is exact at the window's edge."""
+
 from __future__ import annotations
 
 import json
 import urllib.request
 
 import pytest
-
 from kvscope_testkit import Client, LogCursor, terminals
 
 USER = {"role": "user", "content": "Say hello."}
@@ -92,7 +92,9 @@ SAMPLING_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fields, field, says", SAMPLING_CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(SAMPLING_CASES)])
+@pytest.mark.parametrize(
+    "fields, field, says", SAMPLING_CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(SAMPLING_CASES)]
+)
 def test_04_sampling_and_stop_out_of_range_name_the_field(client, fields, field, says):
     error = refusal(client, "r", **fields)  # json.dumps writes NaN/Infinity literals, as a sloppy client would
     assert (error["code"], error["field"]) == ("invalid_request", field)
@@ -102,7 +104,9 @@ def test_04_sampling_and_stop_out_of_range_name_the_field(client, fields, field,
 
 def prompt_tokens(server, messages) -> int:
     body = json.dumps({"messages": messages, "max_new_tokens": 1}).encode()
-    request = urllib.request.Request(server.url + "/api/prompt", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.url + "/api/prompt", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as r:
         return json.load(r)["counts"]["total"]
 
@@ -127,18 +131,25 @@ def test_05_context_budget_is_exact_at_the_window_edge_and_each_policy_does_what
 
     over = accepted_then_cancelled(client, "over", messages=messages, max_new_tokens=window - prompt + 1)
     assert (over["type"], over["code"], over["field"]) == ("error", "context_overflow", "max_new_tokens")
-    assert f"prompt {prompt} + max_new_tokens {window - prompt + 1} = {window + 1} > context window {window}" in over["message"]
+    assert (
+        f"prompt {prompt} + max_new_tokens {window - prompt + 1} = {window + 1} > context window {window}"
+        in over["message"]
+    )
 
     shrunk = accepted_then_cancelled(client, "shrink", messages=messages, max_new_tokens=1024, overflow="shrink_output")
     assert shrunk["type"] == "accepted"
     assert shrunk["budget"]["action"] == "shrunk_output" and shrunk["max_new_tokens"] == window - prompt
     assert shrunk["budget"]["requested_max_new_tokens"] == 1024
 
-    history = [{"role": "user", "content": "An earlier question. " * 10},
-               {"role": "assistant", "content": "An earlier answer. " * 10}, USER]
+    history = [
+        {"role": "user", "content": "An earlier question. " * 10},
+        {"role": "assistant", "content": "An earlier answer. " * 10},
+        USER,
+    ]
     full = prompt_tokens(fake_server, history)
-    truncated = accepted_then_cancelled(client, "truncate", messages=history, max_new_tokens=window - prompt,
-                                        overflow="truncate_history")
+    truncated = accepted_then_cancelled(
+        client, "truncate", messages=history, max_new_tokens=window - prompt, overflow="truncate_history"
+    )
     assert full + window - prompt > window and truncated["type"] == "accepted"
     assert truncated["budget"]["action"] == "truncated_history" and truncated["budget"]["dropped_messages"] == 2
     assert truncated["prompt_tokens"] == prompt and truncated["max_new_tokens"] == window - prompt
@@ -149,5 +160,11 @@ def test_05_context_budget_is_exact_at_the_window_edge_and_each_policy_does_what
         assert (error["type"], error["code"]) == ("error", "context_overflow")
 
     still_usable(client, "after")
-    figures["05"] = {"context_window": window, "prompt_tokens": prompt, "accepted_total": window,
-                     "refused_total": window + 1, "shrunk_to": window - prompt, "dropped_messages": 2}
+    figures["05"] = {
+        "context_window": window,
+        "prompt_tokens": prompt,
+        "accepted_total": window,
+        "refused_total": window + 1,
+        "shrunk_to": window - prompt,
+        "dropped_messages": 2,
+    }

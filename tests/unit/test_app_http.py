@@ -1,5 +1,6 @@
 """The Flask app over HTTP (test client): the JSON API, the page shell, configuration, and the
 browser-facing defences (Host check, Origin check on the WebSocket handshake, security headers)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,16 @@ from app.security import normalize_origin, split_host
 from model_runner.engine import Engine, EngineConfig
 from model_runner.loader import load
 
-CONVERSATION = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
-                "max_new_tokens": 16}
-WS_UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-              "Sec-WebSocket-Version": "13"}
+CONVERSATION = {
+    "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+    "max_new_tokens": 16,
+}
+WS_UPGRADE = {
+    "Upgrade": "websocket",
+    "Connection": "Upgrade",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version": "13",
+}
 
 
 class Counting:
@@ -65,6 +72,7 @@ def client(ready_engine):
 
 # ---- /api/model, /healthz -------------------------------------------------------------------
 
+
 def test_model_reports_ready_with_the_facts_the_page_shows(client):
     body = client.get("/api/model").get_json()
     assert body["status"] == "ready" and body["reason"] is None
@@ -94,6 +102,7 @@ def test_health_is_200_while_the_worker_lives_and_503_when_it_is_gone(engine_fac
 
 # ---- /api/prompt ------------------------------------------------------------------------------
 
+
 def test_prompt_preview_gives_template_tokens_with_provenance_counts_and_budget(client):
     res = client.post("/api/prompt", json=CONVERSATION)
     body = res.get_json()
@@ -105,12 +114,15 @@ def test_prompt_preview_gives_template_tokens_with_provenance_counts_and_budget(
     assert body["budget"]["max_new_tokens"] == 16
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({**CONVERSATION, "max_new_tokens": 0}, "max_new_tokens"),
-    ({**CONVERSATION, "sampling": {"top_k": 0}}, "sampling.top_k"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({**CONVERSATION, "max_new_tokens": 0}, "max_new_tokens"),
+        ({**CONVERSATION, "sampling": {"top_k": 0}}, "sampling.top_k"),
+    ],
+)
 def test_prompt_preview_names_the_bad_field(client, payload, field):
     res = client.post("/api/prompt", json=payload)
     assert res.status_code == 400
@@ -122,11 +134,14 @@ def test_prompt_preview_refuses_a_prompt_past_the_window_under_reject(client):
     assert res.status_code == 400 and res.get_json()["code"] == "context_overflow"
 
 
-@pytest.mark.parametrize("kwargs, code", [
-    ({"data": "{not json", "content_type": "application/json"}, "invalid_json"),
-    ({"data": '{"messages": "\\udc00"}', "content_type": "application/json"}, "invalid_json"),
-    ({"data": "messages=hi", "content_type": "application/x-www-form-urlencoded"}, "invalid_json"),
-])
+@pytest.mark.parametrize(
+    "kwargs, code",
+    [
+        ({"data": "{not json", "content_type": "application/json"}, "invalid_json"),
+        ({"data": '{"messages": "\\udc00"}', "content_type": "application/json"}, "invalid_json"),
+        ({"data": "messages=hi", "content_type": "application/x-www-form-urlencoded"}, "invalid_json"),
+    ],
+)
 def test_prompt_preview_refuses_a_body_that_is_not_a_json_object(client, kwargs, code):
     res = client.post("/api/prompt", **kwargs)
     assert res.status_code == 400 and res.get_json()["code"] == code
@@ -150,7 +165,10 @@ def test_prompt_preview_refuses_a_foreign_origin_before_model_work(client, ready
 
 # ---- the WebSocket handshake ------------------------------------------------------------------
 
-@pytest.mark.parametrize("origin", [None, "https://evil.example", "null", "http://localhost:9999", "http://localhost.evil.example"])
+
+@pytest.mark.parametrize(
+    "origin", [None, "https://evil.example", "null", "http://localhost:9999", "http://localhost.evil.example"]
+)
 def test_ws_handshake_from_a_foreign_or_missing_origin_is_403_before_model_work(client, ready_engine, origin):
     headers = {**WS_UPGRADE, **({"Origin": origin} if origin else {})}
     res = client.get("/ws", headers=headers)
@@ -164,23 +182,39 @@ def test_allowed_origins_extend_same_origin(ready_engine):
     assert client.post("/api/prompt", json=CONVERSATION, headers={"Origin": "http://lab.example"}).status_code == 403
 
 
-@pytest.mark.parametrize("origin, normal", [
-    ("http://localhost:80", "http://localhost"),
-    ("HTTPS://LOCALHOST:443/", "https://localhost"),
-    ("http://[::1]:8000", "http://[::1]:8000"),
-    ("null", None), ("file://", None), ("http://x/path", None), ("http://x:99999", None),
-])
+@pytest.mark.parametrize(
+    "origin, normal",
+    [
+        ("http://localhost:80", "http://localhost"),
+        ("HTTPS://LOCALHOST:443/", "https://localhost"),
+        ("http://[::1]:8000", "http://[::1]:8000"),
+        ("null", None),
+        ("file://", None),
+        ("http://x/path", None),
+        ("http://x:99999", None),
+    ],
+)
 def test_origins_are_compared_in_normal_form(origin, normal):
     assert normalize_origin(origin) == normal
 
 
 # ---- Host (DNS rebinding) ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("host, status", [
-    ("127.0.0.1:8000", 200), ("localhost:8000", 200), ("[::1]:8000", 200), ("LOCALHOST", 200),
-    ("localhost:9000", 200),  # an ssh tunnel changes the port; a rebinding page cannot change the name
-    ("evil.example:8000", 403), ("127.0.0.1.evil.example", 403), ("", 403), ("user@localhost", 403),
-])
+
+@pytest.mark.parametrize(
+    "host, status",
+    [
+        ("127.0.0.1:8000", 200),
+        ("localhost:8000", 200),
+        ("[::1]:8000", 200),
+        ("LOCALHOST", 200),
+        ("localhost:9000", 200),  # an ssh tunnel changes the port; a rebinding page cannot change the name
+        ("evil.example:8000", 403),
+        ("127.0.0.1.evil.example", 403),
+        ("", 403),
+        ("user@localhost", 403),
+    ],
+)
 def test_loopback_server_answers_only_loopback_host_names(client, host, status):
     assert client.get("/api/model", headers={"Host": host}).status_code == status
 
@@ -206,12 +240,19 @@ def test_split_host(host, parts):
 
 # ---- headers and the page ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ["/", "/api/model", "/static/css/base.css", "/no-such-page"])
 def test_every_response_carries_the_security_headers(client, path):
     headers = client.get(path).headers
     csp = headers["Content-Security-Policy"]
-    for directive in ("default-src 'self'", "script-src 'self'", "style-src 'self'", "connect-src 'self'",
-                      "frame-ancestors 'none'", "base-uri 'none'"):
+    for directive in (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+    ):
         assert directive in csp
     assert "unsafe-inline" not in csp
     assert headers["X-Content-Type-Options"] == "nosniff" and headers["Referrer-Policy"] == "no-referrer"
@@ -229,6 +270,7 @@ def test_the_page_shell_renders_with_autoescape_on(client):
 
 # ---- configuration ------------------------------------------------------------------------------
 
+
 def test_config_comes_from_defaults_then_environment_then_test_dict(monkeypatch, ready_engine):
     monkeypatch.setenv("KVSCOPE_ALLOWED_ORIGINS", '["http://a.example"]')
     monkeypatch.setenv("KVSCOPE_MAX_INFLIGHT_PER_SOCKET", "2")
@@ -241,6 +283,7 @@ def test_config_comes_from_defaults_then_environment_then_test_dict(monkeypatch,
 
 # ---- the socket handler around the session ---------------------------------------------------
 
+
 class ClosedSocket:
     """A socket whose client has already gone: the session ends at its first receive."""
 
@@ -249,6 +292,7 @@ class ClosedSocket:
 
     def receive(self, timeout=None):
         from simple_websocket import ConnectionClosed
+
         raise ConnectionClosed(1000, "")
 
     def close(self, code=None, reason=None):
@@ -257,6 +301,7 @@ class ClosedSocket:
 
 def test_sockets_past_max_sockets_are_closed_with_1013_and_slots_come_back(ready_engine):
     from app.ws import KEY, serve_socket
+
     app = make_app(ready_engine, MAX_SOCKETS=1)
     slots = app.extensions[KEY]
     with app.test_request_context("/ws"):

@@ -4,6 +4,7 @@ prompt prefixes share KV blocks, a full pool preempts and resumes without changi
 cancels give blocks back at once, and the engine feed shows all of it without ever slowing the
 worker. Every claim is read from events, step counts, the feed and engine.snapshot(), never from
 timings; each engine is a fresh one (policies change in these tests)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ import random
 
 import pytest
 import torch
-
 from kvscope_testkit import wait_until
+
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.request import parse_generate
@@ -117,6 +118,7 @@ def used_blocks(engine) -> int:
 
 # ---- requests share steps -------------------------------------------------------------------------
 
+
 def run_four(engine_factory, max_num_seqs):
     engine = engine_factory("fake:delay=5", policy=Policy(max_num_seqs=max_num_seqs))
     handles = [engine.submit(gen(max_new_tokens=10), f"b{i}") for i in range(4)]
@@ -145,6 +147,7 @@ def test_a_lone_request_emits_the_same_events_as_before_batching(engine_factory)
 
 
 # ---- chunked prefill ------------------------------------------------------------------------------
+
 
 def test_chunked_prefill_interleaves_with_decode_and_keeps_the_text(engine_factory):
     engine = engine_factory("fake", policy=Policy(chunked_prefill=True, chunk_size=16))
@@ -177,6 +180,7 @@ def test_chunked_prefill_interleaves_with_decode_and_keeps_the_text(engine_facto
 
 
 # ---- static and continuous admission, policy changes ---------------------------------------------
+
 
 def late_arrival(engine_factory, batching):
     """A request arriving while another runs: (first's events, late's events, feed, steps at submit)."""
@@ -226,13 +230,16 @@ def test_a_policy_flip_applies_from_the_next_steps(engine_factory):
     assert first_events[-1]["type"] == late_events[-1]["type"] == "finished"
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"batching": "eventually"}, "batching"),
-    ({"max_num_seqs": 0}, "max_num_seqs"),
-    ({"chunk_size": -1}, "chunk_size"),
-    ({"prefix_caching": "on"}, "prefix_caching"),
-    ({"speed": "fast"}, "speed"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"batching": "eventually"}, "batching"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"chunk_size": -1}, "chunk_size"),
+        ({"prefix_caching": "on"}, "prefix_caching"),
+        ({"speed": "fast"}, "speed"),
+    ],
+)
 def test_set_policy_refuses_a_bad_change_naming_the_field(engine_factory, changes, field):
     engine = engine_factory("fake")
     before = engine.policy
@@ -289,6 +296,7 @@ def test_without_prefix_caching_nothing_is_shared(engine_factory):
 
 # ---- preemption -----------------------------------------------------------------------------------
 
+
 def test_an_exhausted_pool_preempts_and_every_answer_still_completes(engine_factory):
     engine = engine_factory("fake", kv_cache_mb=blocks_mb(20))
     assert engine.pool.total_blocks == 20
@@ -307,7 +315,7 @@ def test_an_exhausted_pool_preempts_and_every_answer_still_completes(engine_fact
         assert types.count("prefill_start") == 1 and types.count("preempted") == types.count("resumed")
         for i, t in enumerate(types):  # no token between a preemption and its resumption
             if t == "preempted":
-                assert types[i + 1:].index("resumed") < [*types[i + 1:], "token"].index("token")
+                assert types[i + 1 :].index("resumed") < [*types[i + 1 :], "token"].index("token")
         for p, r in zip(only(ev, "preempted"), only(ev, "resumed"), strict=True):
             assert p["blocks_freed"] > 0 and r["tokens"] == p["tokens"]  # it recomputes all it had
         assert ev[-1]["type"] == "finished" and ev[-1]["reason"] == "eos" and ev[-1]["text"] == ANSWER
@@ -329,6 +337,7 @@ def test_a_request_that_could_never_fit_the_pool_is_refused_at_submit(engine_fac
 
 
 # ---- cancels free blocks at once ------------------------------------------------------------------
+
 
 def cancelled_in(handle, predicate):
     """Read `handle` until `predicate`, then cancel it; its terminal event."""
@@ -409,6 +418,7 @@ def test_cancel_while_preempted(engine_factory):
 
 # ---- many requests: exactly one terminal event each ----------------------------------------------
 
+
 def test_exactly_one_terminal_event_each_under_random_submits_and_cancels(engine_factory):
     rng = random.Random(20240611)
     engine = engine_factory("fake", kv_cache_mb=blocks_mb(16), max_queue=256, policy=Policy(max_num_seqs=8))
@@ -441,7 +451,7 @@ def test_exactly_one_terminal_event_each_under_random_submits_and_cancels(engine
         key = end["type"] if end["type"] == "finished" else f"cancelled while {end['state']}"
         outcomes[key] = outcomes.get(key, 0) + 1
         if end["type"] == "finished":
-            assert end["text"] == ANSWER[:fields["max_new_tokens"]] and end["tokens"] == fields["max_new_tokens"]
+            assert end["text"] == ANSWER[: fields["max_new_tokens"]] and end["tokens"] == fields["max_new_tokens"]
             assert tokens_in_order(events)
         else:
             assert end["type"] == "cancelled" and end["state"] in ("queued", "prefill", "decode", "preempted")
@@ -511,6 +521,7 @@ def test_feed_text_lets_the_feed_carry_the_prompt_and_answer(engine_factory):
 
 
 # ---- requests without a KV cache ------------------------------------------------------------------
+
 
 def test_a_request_without_kv_cache_runs_in_the_same_steps_as_cached_ones(engine_factory):
     engine = engine_factory("fake")

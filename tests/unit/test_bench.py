@@ -1,5 +1,6 @@
 """`kvscope bench` on the fake model: the statistics, the prompt fitting, the grid, failures counted
 in the totals (one of each injected), the JSON checked against its schema, the printed report."""
+
 from __future__ import annotations
 
 import builtins
@@ -10,15 +11,16 @@ import json
 
 import pytest
 
-from bench import report as bench_report, runner as bench
-from bench.runner import QUICK, FULL, Grid, cells_of, fit_prompt, ratio_report, totals
-from bench.clients import InProcessClient, Job, run_jobs
-from bench.stats import SCHEMA, describe, percentile, validate
 from app.cli import main
+from bench import report as bench_report
+from bench import runner as bench
+from bench.clients import InProcessClient, Job, run_jobs
+from bench.runner import FULL, QUICK, Grid, cells_of, fit_prompt, ratio_report, totals
+from bench.stats import SCHEMA, describe, percentile, validate
 from model_runner.request import parse_generate
 
-
 # ---- statistics ----------------------------------------------------------------------------------
+
 
 def test_percentiles_interpolate_between_order_statistics():
     assert percentile([4, 1, 3, 2], 50) == 2.5
@@ -27,13 +29,23 @@ def test_percentiles_interpolate_between_order_statistics():
     assert percentile([], 50) is None
     d = describe([10, 20, 30, 40])
     assert (d["n"], d["mean"], d["p50"], d["min"], d["max"]) == (4, 25, 25, 10, 40)
-    assert describe([]) == {"n": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None,
-                            "min": None, "max": None}
+    assert describe([]) == {
+        "n": 0,
+        "mean": None,
+        "p50": None,
+        "p90": None,
+        "p95": None,
+        "p99": None,
+        "min": None,
+        "max": None,
+    }
 
 
 def test_ratios_report_median_and_range_and_judge_targets():
-    comparisons = [{"ratios": {"engine_step_over_bare": v, "engine_tps_over_generate": t}}
-                   for v, t in ((1.01, 1.0), (1.05, 1.2), (1.02, 1.1))]
+    comparisons = [
+        {"ratios": {"engine_step_over_bare": v, "engine_tps_over_generate": t}}
+        for v, t in ((1.01, 1.0), (1.05, 1.2), (1.02, 1.1))
+    ]
     cells = [{"delivery_ms": describe([1.0, 2.0, 50.0])}]
     slow = [1.0, 2.0, 50.0]  # p95 45.2 ms
     report = ratio_report(comparisons, cells, (slow, [x - 10 for x in slow]), "websocket")
@@ -52,6 +64,7 @@ def test_ratios_report_median_and_range_and_judge_targets():
 
 
 # ---- the grid and prompts ------------------------------------------------------------------------
+
 
 def test_quick_repeats_and_baselines_only_the_ratio_cell():
     cells = cells_of(QUICK, quick=True, baselines=True)
@@ -81,6 +94,7 @@ def test_prompt_below_the_template_is_the_shortest_one(fake_engine):
 
 
 # ---- failures, timeouts and cancellations are counted, never dropped -----------------------------
+
 
 @pytest.fixture
 def slow_engine(engine_factory, monkeypatch):
@@ -114,8 +128,13 @@ def test_one_of_each_failure_is_counted_in_the_totals(slow_engine):
     assert [r.outcome for r in records] == ["completed", "timeout", "cancelled", "error", "error"]
     t = totals(records)
     assert (t["requests"], t["completed"], t["timeouts"], t["cancelled"], t["errors"]) == (5, 1, 1, 1, 2)
-    assert t["reasons"] == {"completed:eos": 1, "timeout:timeout": 1, "cancelled:client": 1,
-                            "error:internal": 1, "error:context_overflow": 1}
+    assert t["reasons"] == {
+        "completed:eos": 1,
+        "timeout:timeout": 1,
+        "cancelled:client": 1,
+        "error:internal": 1,
+        "error:context_overflow": 1,
+    }
     assert wall > 0
 
     cell = _cell(slow_engine, records, wall)
@@ -126,6 +145,7 @@ def test_one_of_each_failure_is_counted_in_the_totals(slow_engine):
 
 def _cell(engine, records, wall) -> dict:
     from app.cli import build_parser
+
     args = build_parser().parse_args(["bench", "--model", "fake"])
     target = bench.Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
     b = bench.Bench(args, target, Grid((40,), (8,), (5,), 1))
@@ -137,13 +157,30 @@ def _cell(engine, records, wall) -> dict:
 
 # ---- the whole command on the fake model ---------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def fake_report(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "run.json"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["bench", "--model", "fake", "--prompt-lens", "60,120", "--output-lens", "8",
-                     "--concurrency", "1,2", "--repeats", "2", "--json", str(path), "--no-progress"])
+        code = main(
+            [
+                "bench",
+                "--model",
+                "fake",
+                "--prompt-lens",
+                "60,120",
+                "--output-lens",
+                "8",
+                "--concurrency",
+                "1,2",
+                "--repeats",
+                "2",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
     return code, json.loads(path.read_text()), printed.getvalue()
 
 
@@ -152,8 +189,12 @@ def test_bench_command_writes_json_that_passes_its_schema(fake_report):
     assert code == 0
     assert validate(report, SCHEMA) == []
     assert report["mode"] == "in-process" and report["settings"]["repeats"] == 2
-    assert [(c["prompt_tokens_target"], c["concurrency"]) for c in report["cells"]] == [(60, 1), (60, 2), (120, 1),
-                                                                                         (120, 2)]
+    assert [(c["prompt_tokens_target"], c["concurrency"]) for c in report["cells"]] == [
+        (60, 1),
+        (60, 2),
+        (120, 1),
+        (120, 2),
+    ]
     per_cells = sum(c["totals"]["requests"] for c in report["cells"])
     assert per_cells == 2 * (1 + 2) * 2  # two prompts x (1 + 2 clients) x 2 repeats
     assert report["totals"]["requests"] == per_cells + 2  # plus the kv_cache on/off probe
@@ -164,8 +205,10 @@ def test_baselines_interleave_and_greedy_output_matches_the_bare_loop(fake_repor
     _, report, _ = fake_report
     comparisons = report["comparisons"]
     assert len(comparisons) == 4  # the one-client cells, every repeat
-    assert {tuple(c["order"]) for c in comparisons} == {("engine", "bare_loop", "generate_streamer"),
-                                                        ("bare_loop", "generate_streamer", "engine")}
+    assert {tuple(c["order"]) for c in comparisons} == {
+        ("engine", "bare_loop", "generate_streamer"),
+        ("bare_loop", "generate_streamer", "engine"),
+    }
     assert all(c["greedy_identical"] is True for c in comparisons)
     assert all(c["ratios"]["engine_step_over_bare"] > 0 for c in comparisons)
     # the engine's gaps between tokens always hold its model step, so what is outside is >= 0
@@ -216,8 +259,23 @@ def test_plot_without_matplotlib_says_how_to_get_it(fake_report, monkeypatch, tm
 
 
 def test_bad_grid_arguments_are_refused_in_one_line(capsys):
-    assert main(["bench", "--model", "fake", "--prompt-lens", "400", "--output-lens", "200", "--no-progress",
-                 "--json", "/dev/null"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "fake",
+                "--prompt-lens",
+                "400",
+                "--output-lens",
+                "200",
+                "--no-progress",
+                "--json",
+                "/dev/null",
+            ]
+        )
+        == 2
+    )
     assert "exceeds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--prompt-lens", "ten"])

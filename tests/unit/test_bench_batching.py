@@ -1,6 +1,7 @@
 """`kvscope bench --batching --class` on the fake model: the report's shape (checked against its
 schema), ratios taken from the runs of the same repeat, greedy equality counted request by request,
 and the class scenario's fields. No timing assertions: the fake model's times mean nothing."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,12 +22,16 @@ def test_greedy_equality_counts_identical_requests_and_where_others_differ():
     ref = [[1, 2, 3], [1, 2, 3], [5], [7], [1, 2, 3]]
     eq = greedy_equality(got, ref)
     assert (eq["identical"], eq["compared"]) == (2, 4)  # the request that did not complete is not compared
-    assert eq["first_diff"] == [{"request": 1, "token": 2}, {"request": 4, "token": 2}]  # a shorter answer differs at its end
+    assert eq["first_diff"] == [
+        {"request": 1, "token": 2},
+        {"request": 4, "token": 2},
+    ]  # a shorter answer differs at its end
     assert greedy_equality([], []) == {"identical": 0, "compared": 0, "first_diff": []}
 
 
 def test_run_summary_counts_completed_tokens_over_the_wall():
     from bench.clients import RequestRecord
+
     done = RequestRecord("a", outcome="completed", token_ids=[1, 2, 3, 4])
     failed = RequestRecord("b", outcome="error", token_ids=[9])
     s = run_summary([done, failed], 2.0, {"steps": 5, "preemptions": 0, "prefix_hit_tokens": 0})
@@ -51,12 +56,41 @@ def batching_report(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(baselines, "generate_batch_unavailable", lambda model: None)
         mp.setattr(baselines, "hf_generate_batch", fake_generate_batch)
-        mp.setattr(class_scenario, "MIX", (("short prompt, short answer", 40, 3), ("short prompt, long answer", 40, 10),
-                                           ("long prompt, short answer", 120, 3), ("long prompt, long answer", 120, 10)))
+        mp.setattr(
+            class_scenario,
+            "MIX",
+            (
+                ("short prompt, short answer", 40, 3),
+                ("short prompt, long answer", 40, 10),
+                ("long prompt, short answer", 120, 3),
+                ("long prompt, long answer", 120, 10),
+            ),
+        )
         with contextlib.redirect_stdout(printed):
-            code = main(["bench", "--model", "fake", "--batching", "--class", "--prompt-lens", "40", "--output-lens",
-                         "6", "--concurrency", "2,3", "--repeats", "2", "--arrival-s", "0.2", "--seed", "7",
-                         "--json", str(path), "--no-progress"])
+            code = main(
+                [
+                    "bench",
+                    "--model",
+                    "fake",
+                    "--batching",
+                    "--class",
+                    "--prompt-lens",
+                    "40",
+                    "--output-lens",
+                    "6",
+                    "--concurrency",
+                    "2,3",
+                    "--repeats",
+                    "2",
+                    "--arrival-s",
+                    "0.2",
+                    "--seed",
+                    "7",
+                    "--json",
+                    str(path),
+                    "--no-progress",
+                ]
+            )
     return code, json.loads(path.read_text()), printed.getvalue(), calls
 
 
@@ -87,8 +121,11 @@ def test_each_ratio_comes_from_the_runs_of_its_own_repeat(batching_report):
         assert b["output_tokens"] == s["output_tokens"] == hf["output_tokens"]  # the same work on each side
         assert s["steps"] >= b["steps"]  # one at a time never takes fewer steps for the same tokens
         # the scripted model answers the same whether batched, alone or through the stand-in
-        assert r["greedy"]["batched_vs_serial"] == {"identical": r["clients"], "compared": r["clients"],
-                                                    "first_diff": []}
+        assert r["greedy"]["batched_vs_serial"] == {
+            "identical": r["clients"],
+            "compared": r["clients"],
+            "first_diff": [],
+        }
         assert r["greedy"]["hf_vs_serial"]["identical"] == r["clients"]
     for n in (2, 3):
         values = [r["ratios"]["batched_over_serial"] for r in rows if r["clients"] == n]

@@ -1,11 +1,12 @@
 """The engine on the fake model (a real 2-layer Llama steered to spell a fixed answer over bytes)."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from kvscope_testkit import wait_until
+
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.request import parse_generate
@@ -82,25 +83,30 @@ def test_stop_string_split_across_tokens_is_matched_and_not_shown(fake_engine):
 def test_split_utf8_character_is_pending_then_released_whole(fake_engine):
     events = run_all(fake_engine, gen(max_new_tokens=200))
     tokens = [e for e in events if e["type"] == "token"]
-    emoji_at = next(i for i, t in enumerate(tokens) if "\U0001F600" in t["text"])
-    assert [t["pending"] for t in tokens[emoji_at - 3:emoji_at]] == [True, True, True]
-    assert [t["text"] for t in tokens[emoji_at - 3:emoji_at]] == ["", "", ""]
-    assert tokens[emoji_at]["text"] == "\U0001F600" and not tokens[emoji_at]["pending"]
+    emoji_at = next(i for i, t in enumerate(tokens) if "\U0001f600" in t["text"])
+    assert [t["pending"] for t in tokens[emoji_at - 3 : emoji_at]] == [True, True, True]
+    assert [t["text"] for t in tokens[emoji_at - 3 : emoji_at]] == ["", "", ""]
+    assert tokens[emoji_at]["text"] == "\U0001f600" and not tokens[emoji_at]["pending"]
     assert all("\ufffd" not in t["text"] for t in tokens)
 
 
 def test_temperature_zero_is_greedy_and_a_seed_reproduces_sampling(fake_engine):
     greedy = run_all(fake_engine, gen(max_new_tokens=40))[-1]["text"]
     assert run_all(fake_engine, gen(max_new_tokens=40, sampling={"temperature": 0}))[-1]["text"] == greedy
-    sampled = [run_all(fake_engine, gen(max_new_tokens=40, sampling={"temperature": 1.5, "seed": s}))[-1]["text"]
-               for s in (1, 1, 2)]
+    sampled = [
+        run_all(fake_engine, gen(max_new_tokens=40, sampling={"temperature": 1.5, "seed": s}))[-1]["text"]
+        for s in (1, 1, 2)
+    ]
     assert sampled[0] == sampled[1]
     assert sampled[0] != sampled[2]
 
 
 def test_top_k_one_equals_greedy(fake_engine):
     greedy = run_all(fake_engine, gen(max_new_tokens=30))[-1]["text"]
-    assert run_all(fake_engine, gen(max_new_tokens=30, sampling={"temperature": 1.0, "top_k": 1, "seed": 3}))[-1]["text"] == greedy
+    assert (
+        run_all(fake_engine, gen(max_new_tokens=30, sampling={"temperature": 1.0, "top_k": 1, "seed": 3}))[-1]["text"]
+        == greedy
+    )
 
 
 def test_no_cache_gives_the_same_greedy_text(fake_engine):
@@ -138,11 +144,14 @@ def test_metrics_follow_vllm_definitions(fake_engine):
 
 # ---- context budget -------------------------------------------------------------------------------
 
+
 def long_history(turns=6, words=20):
     msgs = []
     for i in range(turns):
-        msgs += [{"role": "user", "content": f"question {i} " + "word " * words},
-                 {"role": "assistant", "content": f"answer {i} " + "reply " * words}]
+        msgs += [
+            {"role": "user", "content": f"question {i} " + "word " * words},
+            {"role": "assistant", "content": f"answer {i} " + "reply " * words},
+        ]
     return msgs + [{"role": "user", "content": "and now?"}]
 
 
@@ -171,13 +180,16 @@ def test_budget_truncate_history_drops_oldest_turns(fake_engine):
 
 
 def test_budget_shrink_output_lowers_max_new_tokens(fake_engine):
-    params = parse_generate({"messages": long_history(turns=1, words=30), "max_new_tokens": 500, "overflow": "shrink_output"})
+    params = parse_generate(
+        {"messages": long_history(turns=1, words=30), "max_new_tokens": 500, "overflow": "shrink_output"}
+    )
     accepted = run_all(fake_engine, params)[0]
     assert accepted["budget"]["action"] == "shrunk_output"
     assert accepted["max_new_tokens"] == 512 - accepted["prompt_tokens"] < 500
 
 
 # ---- queue, cancel, timeout, failure: exactly one terminal event ----------------------------------
+
 
 def test_second_request_waits_in_the_queue_and_sees_its_position(slow_engine):
     first = started(slow_engine.submit(gen(max_new_tokens=30), "a"))
@@ -217,7 +229,7 @@ def test_cancel_during_decode_stops_within_one_step(slow_engine):
     tokens = [e for e in seen if e["type"] == "token"]
     assert seen[-1]["type"] == "cancelled" and seen[-1]["state"] == "decode"
     assert len(tokens) <= 5  # the step in flight may finish, no more
-    assert seen[-1]["tokens"] == len(tokens) and seen[-1]["text"] == ANSWER[:len(tokens)]
+    assert seen[-1]["tokens"] == len(tokens) and seen[-1]["text"] == ANSWER[: len(tokens)]
     assert len(terminals(seen)) == 1
 
 
@@ -313,6 +325,7 @@ def test_a_vanishing_temperature_samples_like_greedy_instead_of_failing(fake_eng
 
 def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_factory, monkeypatch):
     import model_runner.engine as engine_module
+
     engine = engine_factory("fake:delay=20")
     choose = engine_module.choose
 

@@ -7,6 +7,7 @@ names, fields, their JSON kinds, the terminal set), and with the server code tha
 facts, budgets and metrics. It then scans static/js for event types written as string literals and
 for snake_case names read off server objects that neither protocol.js nor the static data declare.
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,7 +80,8 @@ def test_each_event_lists_exactly_the_dataclass_fields_and_kinds(event_type):
     cls = events.EVENT_TYPES[event_type]
     expected = {name: kind for name, kind in _fields(cls).items() if name not in COMMON}
     assert SPEC["events"].get(event_type) == expected, (
-        f"protocol.js's {event_type!r} does not mirror events.{cls.__name__}: update static/js/shared/protocol.js")
+        f"protocol.js's {event_type!r} does not mirror events.{cls.__name__}: update static/js/shared/protocol.js"
+    )
 
 
 def test_candidate_fields_match():
@@ -101,17 +103,23 @@ def test_the_event_constants_name_every_type_once():
 
 # ---- the server code that builds what `model`, `budget` and `metrics` name -------------------------
 
+
 def _tree(relative: str) -> ast.Module:
     return ast.parse((ROOT / relative).read_text(encoding="utf-8"))
 
 
 def _model_fact_names() -> set[str]:
     """ModelFacts' fields and properties, read with ast: importing loader.py would import torch."""
-    cls = next(n for n in ast.walk(_tree("model_runner/loader.py"))
-               if isinstance(n, ast.ClassDef) and n.name == "ModelFacts")
+    cls = next(
+        n for n in ast.walk(_tree("model_runner/loader.py")) if isinstance(n, ast.ClassDef) and n.name == "ModelFacts"
+    )
     names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
-    names |= {n.name for n in cls.body if isinstance(n, ast.FunctionDef)
-              and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)}
+    names |= {
+        n.name
+        for n in cls.body
+        if isinstance(n, ast.FunctionDef)
+        and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)
+    }
     return names
 
 
@@ -139,8 +147,9 @@ def test_budget_fields_the_page_reads_exist():
 
 
 def test_metrics_the_page_reads_exist():
-    keys = _dict_keys("model_runner/metrics.py",
-                      lambda t: isinstance(t, ast.FunctionDef) and t.name == "request_metrics")
+    keys = _dict_keys(
+        "model_runner/metrics.py", lambda t: isinstance(t, ast.FunctionDef) and t.name == "request_metrics"
+    )
     assert keys, "could not find request_metrics() returning a dict in model_runner/metrics.py"
     assert set(SPEC["metrics"]) <= keys
 

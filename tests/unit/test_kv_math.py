@@ -1,4 +1,5 @@
 """model_runner.kv_math against the golden cases in static/data/kv_golden.json (the browser tests use the same file)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ def case_id(case: dict) -> str:
 @pytest.mark.parametrize("preset", GOLDEN["presets"], ids=case_id)
 def test_every_preset_states_its_bytes_per_token(preset):
     bpe = ELEMENT_BYTES[preset["dtype"]]
-    assert kv_math.kv_bytes_per_token(preset["layers"], preset["kv_heads"], preset["head_dim"], bpe) \
+    assert (
+        kv_math.kv_bytes_per_token(preset["layers"], preset["kv_heads"], preset["head_dim"], bpe)
         == preset["bytes_per_token"]
+    )
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=case_id)
@@ -47,7 +50,11 @@ def test_the_issue_figures_are_in_the_golden_file():
     assert round(totals["reference-1200-32"] / kv_math.GIB, 2) == 4.69
     assert round(totals["opt-13b-2048"] / kv_math.GIB, 2) == 1.56
     per_token = {c["id"]: c["bytes_per_token"] for c in GOLDEN["cases"]}
-    assert (per_token["smollm2-bf16"], per_token["smollm2-fp32"], per_token["opt-13b-2048"]) == (23_040, 46_080, 819_200)
+    assert (per_token["smollm2-bf16"], per_token["smollm2-fp32"], per_token["opt-13b-2048"]) == (
+        23_040,
+        46_080,
+        819_200,
+    )
 
 
 @pytest.mark.parametrize("case", GOLDEN["allocation_cases"], ids=case_id)
@@ -75,8 +82,12 @@ def test_paged_waste_is_less_than_one_block(length, block):
     assert 0 <= reserved - length < block
 
 
-@given(bpt=st.integers(1, 10**8), tokens=st.integers(1, 131_072), memory=st.integers(0, 2**45),
-       weights=st.integers(0, 2**40))
+@given(
+    bpt=st.integers(1, 10**8),
+    tokens=st.integers(1, 131_072),
+    memory=st.integers(0, 2**45),
+    weights=st.integers(0, 2**40),
+)
 def test_reverse_solve_is_the_largest_count_that_fits(bpt, tokens, memory, weights):
     n = kv_math.max_sequences(memory, weights, bpt, tokens)
     fits = lambda k: weights + k * bpt * tokens <= memory  # noqa: E731

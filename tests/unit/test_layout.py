@@ -1,5 +1,6 @@
 """The architecture holds: the engine package imports neither the web app nor the benchmark, and
 the benchmark does not import the web app (the `kvscope` command in app/cli.py sits on top)."""
+
 from __future__ import annotations
 
 import ast
@@ -40,8 +41,10 @@ def test_the_checker_sees_late_imports(tmp_path):
 
 def test_the_readme_names_every_module_in_what_runs_where():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## What runs where"):readme.index("## Tests")]
-    modules = [path for package in ("app", "bench", "model_runner", "scripts") for path in (ROOT / package).glob("*.py")]
+    section = readme[readme.index("## What runs where") : readme.index("## Tests")]
+    modules = [
+        path for package in ("app", "bench", "model_runner", "scripts") for path in (ROOT / package).glob("*.py")
+    ]
     modules += [path for path in (ROOT / "static/js/shared").glob("*.js")]
     missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.name}`" not in section)
     assert not missing, f"README's 'What runs where' does not name: {missing}"

@@ -4,6 +4,7 @@ the token budget, the batch cap, chunked prefill, static batching and a pool tha
 A tiny block pool stands in for the paged KV pool, and `run_step` does what the engine's worker does
 after a step (the cache grows by the step's tokens; a request whose input is done gets a token and
 decodes from then on; it ends at its `max_new_tokens`), so the tests read plans step by step."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,16 @@ import pytest
 
 from model_runner.errors import UserError
 from model_runner.request import GenerateParams, Message
-from model_runner.scheduler import (WAIT_BLOCKS, WAIT_LINE, WAIT_PREEMPTED, WAIT_SLOTS, WAIT_STATIC, Policy,
-                                    Scheduler, StepPlan)
+from model_runner.scheduler import (
+    WAIT_BLOCKS,
+    WAIT_LINE,
+    WAIT_PREEMPTED,
+    WAIT_SLOTS,
+    WAIT_STATIC,
+    Policy,
+    Scheduler,
+    StepPlan,
+)
 from model_runner.sequence import Sequence, State
 
 BLOCK = 16
@@ -50,8 +59,9 @@ class TinyPool:
 
 
 def seq(name: str, prompt: int, max_new: int = 5, kv_cache: bool = True, prefill_chunk: int = 0) -> Sequence:
-    params = GenerateParams(messages=(Message("user", name),), max_new_tokens=max_new, kv_cache=kv_cache,
-                            prefill_chunk=prefill_chunk)
+    params = GenerateParams(
+        messages=(Message("user", name),), max_new_tokens=max_new, kv_cache=kv_cache, prefill_chunk=prefill_chunk
+    )
     return Sequence(id=name, key=name, params=params, prompt_ids=[1] * prompt, max_new_tokens=max_new)
 
 
@@ -84,6 +94,7 @@ def reasons(sched: Scheduler) -> dict[str, str]:
 
 
 # ---- batch composition under the token budget -----------------------------------------------------
+
 
 def test_decode_tokens_come_first_then_prefill_fills_the_token_budget():
     sched, pool = make(max_batch_tokens=64)
@@ -156,7 +167,11 @@ def test_chunk_size_limits_each_chunk():
     big = seq("big", 50)
     sched.add(big)
     assert [shape(run_step(sched, pool)) for _ in range(4)] == [
-        [("big", "prefill", 16)], [("big", "prefill", 16)], [("big", "prefill", 16)], [("big", "prefill", 2)]]
+        [("big", "prefill", 16)],
+        [("big", "prefill", 16)],
+        [("big", "prefill", 16)],
+        [("big", "prefill", 2)],
+    ]
     assert big.state == State.DECODE and big.output_ids == [TOKEN]
 
 
@@ -195,6 +210,7 @@ def test_a_full_batch_tells_the_next_request_why_it_waits():
 
 
 # ---- static and continuous batching ---------------------------------------------------------------
+
 
 def admitted_at(batching: str) -> tuple[int, int]:
     """(step at which a late request is admitted, step at which the first batch has ended)."""
@@ -248,6 +264,7 @@ def test_a_policy_change_applies_from_the_next_schedule():
 
 
 # ---- preemption -----------------------------------------------------------------------------------
+
 
 def test_when_blocks_run_out_the_latest_admitted_request_is_preempted_and_recomputes_later():
     sched, pool = make(pool_blocks=3)
@@ -311,6 +328,7 @@ def test_a_new_request_waits_for_blocks_instead_of_preempting():
 
 # ---- endings and requests without a KV cache ------------------------------------------------------
 
+
 def test_finish_gives_a_running_request_blocks_back_and_a_waiting_one_none():
     sched, pool = make(max_num_seqs=1)
     a, b = seq("a", 40), seq("b", 40)
@@ -339,7 +357,10 @@ def test_a_request_own_prefill_chunk_applies_even_when_chunking_is_off():
     sched, pool = make()
     sched.add(seq("a", 40, prefill_chunk=16))
     assert [shape(run_step(sched, pool)) for _ in range(3)] == [
-        [("a", "prefill", 16)], [("a", "prefill", 16)], [("a", "prefill", 8)]]
+        [("a", "prefill", 16)],
+        [("a", "prefill", 16)],
+        [("a", "prefill", 8)],
+    ]
 
 
 def test_a_full_queue_is_refused_as_overloaded():
@@ -353,17 +374,21 @@ def test_a_full_queue_is_refused_as_overloaded():
 
 # ---- policy validation ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("changes, field", [
-    ({"bogus": 1}, "bogus"),
-    ({"batching": "dynamic"}, "batching"),
-    ({"max_num_seqs": 0}, "max_num_seqs"),
-    ({"max_num_seqs": 257}, "max_num_seqs"),
-    ({"max_num_seqs": True}, "max_num_seqs"),
-    ({"max_batch_tokens": 15}, "max_batch_tokens"),
-    ({"chunk_size": "64"}, "chunk_size"),
-    ({"chunked_prefill": 1}, "chunked_prefill"),
-    ({"prefix_caching": "yes"}, "prefix_caching"),
-])
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"batching": "dynamic"}, "batching"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_seqs": 257}, "max_num_seqs"),
+        ({"max_num_seqs": True}, "max_num_seqs"),
+        ({"max_batch_tokens": 15}, "max_batch_tokens"),
+        ({"chunk_size": "64"}, "chunk_size"),
+        ({"chunked_prefill": 1}, "chunked_prefill"),
+        ({"prefix_caching": "yes"}, "prefix_caching"),
+    ],
+)
 def test_a_bad_policy_change_names_its_field(changes, field):
     with pytest.raises(UserError) as info:
         Policy().updated(changes)

@@ -1,6 +1,7 @@
 """The WebSocket session logic (app/session.py) against a fake socket and the engine's fake model:
 request ids echoed, one terminal event per request, errors that leave the socket usable, caps,
 cancellation on cancel / close / broken sends, and the engine never sending to the socket."""
+
 from __future__ import annotations
 
 import json
@@ -10,15 +11,15 @@ import threading
 import time
 
 import pytest
+from kvscope_testkit import wait_until
 from simple_websocket import ConnectionClosed
 
 from app.session import SessionSettings, parse_json_object, run_session
-from kvscope_testkit import wait_until
-from model_runner.scheduler import Policy
 from model_runner.engine import Engine, EngineConfig
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.loader import load
+from model_runner.scheduler import Policy
 
 WAIT_S = 30.0  # generous deadline for a condition that holds in milliseconds; never a timing claim
 FAST = SessionSettings(max_inflight=4, idle_timeout_s=600.0, poll_s=0.02, drain_s=5.0)
@@ -56,8 +57,9 @@ class FakeSocket:
             return list(self.sent)
 
     def terminal(self, rid) -> dict:
-        events = self.wait_for(lambda sent: any(e["request_id"] == rid and e["type"] in TERMINAL for e in sent),
-                               f"the end of {rid}")
+        events = self.wait_for(
+            lambda sent: any(e["request_id"] == rid and e["type"] in TERMINAL for e in sent), f"the end of {rid}"
+        )
         return next(e for e in events if e["request_id"] == rid and e["type"] in TERMINAL)
 
     def of(self, rid) -> list[dict]:
@@ -143,13 +145,17 @@ def stalled_engine(fake):
 
 # ---- decoding frames -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("frame, says", [
-    (b'{"type": "generate"}', "binary frames"),
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "JSON object"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"type": "generate", "x": "\\ud800"}', "unpaired surrogate"),
-])
+
+@pytest.mark.parametrize(
+    "frame, says",
+    [
+        (b'{"type": "generate"}', "binary frames"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"type": "generate", "x": "\\ud800"}', "unpaired surrogate"),
+    ],
+)
 def test_undecodable_frames_are_refused_with_a_reason(frame, says):
     with pytest.raises(UserError) as info:
         parse_json_object(frame)
@@ -161,6 +167,7 @@ def test_nan_passes_decoding_so_the_field_check_can_name_it():
 
 
 # ---- a whole request -------------------------------------------------------------------------
+
 
 def test_generate_streams_every_event_tagged_and_ends_once(fake_engine):
     ws = FakeSocket()
@@ -213,18 +220,22 @@ def test_the_slot_is_free_as_soon_as_the_client_sees_the_end(fake_engine):
 
 # ---- errors leave the socket usable ------------------------------------------------------------
 
-@pytest.mark.parametrize("frame, field", [
-    ("{oops", None),
-    (b"\x00\x01", None),
-    ('"just a string"', None),
-    ('{"type": "watch", "request_id": "r1"}', "type"),
-    ('{"request_id": "r1", "messages": []}', "type"),
-    ('{"type": "generate", "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
-    ('{"type": "generate", "request_id": 7, "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
-    ('{"type": "generate", "request_id": "has space", "messages": []}', "request_id"),
-    ('{"type": "generate", "request_id": "' + "x" * 65 + '", "messages": []}', "request_id"),
-    ('{"type": "cancel"}', "request_id"),
-])
+
+@pytest.mark.parametrize(
+    "frame, field",
+    [
+        ("{oops", None),
+        (b"\x00\x01", None),
+        ('"just a string"', None),
+        ('{"type": "watch", "request_id": "r1"}', "type"),
+        ('{"request_id": "r1", "messages": []}', "type"),
+        ('{"type": "generate", "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
+        ('{"type": "generate", "request_id": 7, "messages": [{"role": "user", "content": "hi"}]}', "request_id"),
+        ('{"type": "generate", "request_id": "has space", "messages": []}', "request_id"),
+        ('{"type": "generate", "request_id": "' + "x" * 65 + '", "messages": []}', "request_id"),
+        ('{"type": "cancel"}', "request_id"),
+    ],
+)
 def test_a_frame_without_a_usable_request_id_is_answered_with_null(fake_engine, frame, field):
     ws = FakeSocket()
     reader = start(ws, fake_engine)
@@ -237,11 +248,14 @@ def test_a_frame_without_a_usable_request_id_is_answered_with_null(fake_engine, 
     finish(ws, reader)
 
 
-@pytest.mark.parametrize("fields, field, says", [
-    ({"max_new_tokens": 0}, "max_new_tokens", "between 1 and 1024, got 0"),
-    ({"sampling": {"top_p": 0}}, "sampling.top_p", "(0, 1]"),
-    ({"messages": [{"role": "user", "content": "x" * 600}]}, "max_new_tokens", "512"),  # past the fake's window
-])
+@pytest.mark.parametrize(
+    "fields, field, says",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens", "between 1 and 1024, got 0"),
+        ({"sampling": {"top_p": 0}}, "sampling.top_p", "(0, 1]"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, "max_new_tokens", "512"),  # past the fake's window
+    ],
+)
 def test_a_bad_generate_ends_that_request_with_an_error_naming_field_and_limit(fake_engine, fields, field, says):
     ws = FakeSocket()
     reader = start(ws, fake_engine)
@@ -341,6 +355,7 @@ def test_a_bug_met_by_one_frame_is_answered_with_internal_and_the_socket_lives_o
 
 # ---- cancellation --------------------------------------------------------------------------------
 
+
 def test_cancel_stops_a_decoding_request_with_its_partial_text(slow_engine):
     ws = FakeSocket()
     reader = start(ws, slow_engine)
@@ -375,12 +390,15 @@ def test_closing_the_socket_cancels_every_request_in_flight(slow_engine):
     assert (waiting["type"], waiting["cause"], waiting["state"]) == ("cancelled", "disconnect", "queued")
 
 
-@pytest.mark.parametrize("failure, cause", [
-    (BrokenPipeError(32, "Broken pipe"), "disconnect"),
-    (ConnectionResetError(104, "Connection reset by peer"), "disconnect"),
-    (ConnectionClosed(1006, ""), "disconnect"),
-    (BlockingIOError(11, "send timed out"), "slow_client"),
-])
+@pytest.mark.parametrize(
+    "failure, cause",
+    [
+        (BrokenPipeError(32, "Broken pipe"), "disconnect"),
+        (ConnectionResetError(104, "Connection reset by peer"), "disconnect"),
+        (ConnectionClosed(1006, ""), "disconnect"),
+        (BlockingIOError(11, "send timed out"), "slow_client"),
+    ],
+)
 def test_a_send_that_fails_ends_the_session_quietly_and_cancels(stalled_engine, caplog, failure, cause):
     ws = FakeSocket(send_error=failure)
     reader = start(ws, stalled_engine)

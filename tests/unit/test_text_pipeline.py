@@ -1,4 +1,5 @@
 """Detokenizer, stop strings, prompt provenance and the events' documentation, without a model."""
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,9 @@ def test_special_tokens_add_no_text_and_candidates_escape_partial_bytes():
 
 
 def checker(stop=(), max_new=100):
-    return StopChecker(eos_ids=frozenset({999}), stop=tuple(stop), max_new_tokens=max_new, prompt_tokens=10,
-                       context_window=50)
+    return StopChecker(
+        eos_ids=frozenset({999}), stop=tuple(stop), max_new_tokens=max_new, prompt_tokens=10, context_window=50
+    )
 
 
 def test_stop_string_prefix_is_held_back_then_released_when_it_cannot_match():

@@ -1,6 +1,7 @@
 """The trace format on the Python side: the shipped trace is a real, consistent recording of the
 default model running the walkthrough's example, the recorder writes valid traces, and the
 validator refuses broken ones."""
+
 from __future__ import annotations
 
 import copy
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 from model_runner import trace as record_trace
 from model_runner.kv_math import kv_bytes_per_token
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SHIPPED = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 
@@ -72,8 +74,12 @@ def test_the_recorder_writes_a_valid_trace_of_what_the_engine_emitted(fake_engin
 
 def test_the_recorder_cli_writes_the_file(tmp_path):
     out = tmp_path / "trace.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts/record_trace.py"), "--model", "fake", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/record_trace.py"), "--model", "fake", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert record_trace.validate_trace(json.loads(out.read_text(encoding="utf-8"))) == []
 
@@ -84,18 +90,21 @@ def broken(change):
     return trace
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda t: t.update(format="other"), "format"),
-    (lambda t: t.update(version=2), "version"),
-    (lambda t: t["model"].pop("layers"), "model"),
-    (lambda t: t["events"].pop(), "terminal"),
-    (lambda t: t["events"].insert(0, t["events"][-1]), "terminal but not the last"),
-    (lambda t: t["events"].remove(of_type(t, "token")[3]), "expected 3"),
-    (lambda t: of_type(t, "token")[2].update(t_ms=-1), "t_ms"),
-    (lambda t: t["events"][0].update(type="hello"), "not a protocol event"),
-    (lambda t: of_type(t, "prefill_end")[0].pop("first_token"), "lacks first_token"),
-    (lambda t: t["prompt"]["tokens"][0].pop("source"), "prompt.tokens"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda t: t.update(format="other"), "format"),
+        (lambda t: t.update(version=2), "version"),
+        (lambda t: t["model"].pop("layers"), "model"),
+        (lambda t: t["events"].pop(), "terminal"),
+        (lambda t: t["events"].insert(0, t["events"][-1]), "terminal but not the last"),
+        (lambda t: t["events"].remove(of_type(t, "token")[3]), "expected 3"),
+        (lambda t: of_type(t, "token")[2].update(t_ms=-1), "t_ms"),
+        (lambda t: t["events"][0].update(type="hello"), "not a protocol event"),
+        (lambda t: of_type(t, "prefill_end")[0].pop("first_token"), "lacks first_token"),
+        (lambda t: t["prompt"]["tokens"][0].pop("source"), "prompt.tokens"),
+    ],
+)
 def test_the_validator_names_what_is_broken(change, problem):
     problems = record_trace.validate_trace(broken(change))
     assert any(problem in p for p in problems), problems
