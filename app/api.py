@@ -5,6 +5,9 @@ Every error answer is `{code, field, message}`, the same shape as the WebSocket 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -40,6 +43,20 @@ def _too_large(exc):
     return _user_error(UserError(f"the request body may be at most {limit:,} bytes", code="too_large"))
 
 
+def public_source(text: str | None) -> str | None:
+    """A name or source fit to show to any client: a filesystem path is cut to its last part."""
+    if not text or not (text.startswith(("/", "~", "\\")) or (len(text) > 2 and text[1:3] in (":\\", ":/"))):
+        return text
+    return Path(text.replace("\\", "/")).name or text
+
+
+def public_facts(facts) -> dict:
+    """The model's facts as any client may see them: where it came from by package or folder name,
+    never the server's filesystem path."""
+    data = facts.to_dict()
+    return {**data, "name": public_source(data.get("name")), "source": public_source(data.get("source"))}
+
+
 @bp.get("/api/model")
 def model():
     engine = get_engine()
@@ -49,7 +66,7 @@ def model():
         {
             "status": state["status"],
             "reason": state.get("reason"),
-            "facts": facts.to_dict() if facts is not None else None,
+            "facts": public_facts(facts) if facts is not None else None,
             "limits": LIMITS,
         }
     )
@@ -71,8 +88,7 @@ def prompt():
 def engine_state():
     """The engine's counters, KV pool and scheduling policy right now (the feed's snapshot)."""
     engine = get_engine()
-    if engine.status()["status"] != "ready":
-        raise UserError("the model is still loading; try again in a few seconds", code="model_loading")
+    engine.describe_ready()  # model_loading / model_failed, as for every other model call
     return jsonify(engine.snapshot())
 
 
@@ -93,8 +109,13 @@ def engine_policy():
             "(or started with ALLOW_POLICY_CHANGES)",
             code="forbidden",
         )
-    changes = parse_json_object(request.get_data(as_text=True))
-    return jsonify({"policy": get_engine().set_policy(**changes).to_dict()})
+    try:
+        changes = json.loads(request.get_data(as_text=True))
+    except ValueError as exc:
+        raise UserError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(changes, dict):
+        raise UserError('send the policy changes as a JSON object, e.g. {"batching": "static"}', code="invalid_json")
+    return jsonify({"policy": get_engine().set_policy(changes).to_dict()})
 
 
 @bp.get("/healthz")

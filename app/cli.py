@@ -4,7 +4,9 @@ model lives in the process; gthread threads, one per open WebSocket), `bench` me
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 
 from bench.runner import add_parser as add_bench_parser
@@ -16,18 +18,21 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def policy_of(args: argparse.Namespace) -> dict:
-    """The scheduling flags given, as policy changes (checked here, so a bad value stops in one line)."""
-    policy = {
-        name: value
-        for name, value in (
-            ("max_num_seqs", args.max_num_seqs),
-            ("batching", args.batching),
-            ("prefix_caching", args.prefix_caching),
-        )
-        if value is not None
-    }
-    if args.chunked_prefill:
-        policy.update(chunked_prefill=True, chunk_size=args.chunked_prefill)
+    """The policy the server starts with: KVSCOPE_POLICY from the environment, then the flags given
+    on top of it; checked here, so a bad value stops in one line before the server starts."""
+    raw = os.environ.get("KVSCOPE_POLICY") or "{}"
+    try:
+        policy = json.loads(raw)
+    except ValueError:
+        raise UserError(f"KVSCOPE_POLICY must be a JSON object, got {raw[:60]!r}", field="policy") from None
+    if not isinstance(policy, dict):
+        raise UserError(f"KVSCOPE_POLICY must be a JSON object, got {raw[:60]!r}", field="policy")
+    flags = {"max_num_seqs": args.max_num_seqs, "batching": args.batching, "prefix_caching": args.prefix_caching}
+    policy.update({name: value for name, value in flags.items() if value is not None})
+    if args.chunked_prefill is not None:  # 0 turns chunking off
+        policy.update(chunked_prefill=args.chunked_prefill > 0)
+        if args.chunked_prefill > 0:
+            policy["chunk_size"] = args.chunked_prefill
     engine_defaults.POLICY.updated(policy)
     return policy
 
@@ -37,6 +42,10 @@ def serve(args: argparse.Namespace) -> int:
 
     loader.preflight(args.model, args.device, args.dtype)
     policy = policy_of(args)
+    if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
+        raise UserError(
+            f"--kv-cache-mb must be a positive number of MiB, got {args.kv_cache_mb:g}", field="kv_cache_mb"
+        )
     config = {
         "MODEL": args.model,
         "DEVICE": args.device,

@@ -200,9 +200,14 @@ class Session:
         never waits for this socket: a reader that falls behind loses events and is told how many."""
         if self._feed is not None:
             return
-        self._feed = feed = self.engine.feed.subscribe()
-        self._send(json.dumps({"type": "engine_snapshot", "schema": SCHEMA_VERSION, **self.engine.snapshot()}))
-        threading.Thread(target=self._pump_feed, args=(feed,), name="kvscope-feed", daemon=True).start()
+        feed = self.engine.feed.subscribe()
+        try:
+            self._send(json.dumps({"type": "engine_snapshot", "schema": SCHEMA_VERSION, **self.engine.snapshot()}))
+            threading.Thread(target=self._pump_feed, args=(feed,), name="kvscope-feed", daemon=True).start()
+        except Exception:
+            feed.close()  # no pump: the subscription must not linger in the feed
+            raise
+        self._feed = feed
 
     def _pump_feed(self, feed) -> None:
         while self._open and not feed.closed:

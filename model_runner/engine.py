@@ -45,6 +45,7 @@ class Engine:
         self.scheduler = Scheduler(config.max_queue, config.policy)
         self.feed = EngineFeed()
         self.pool: PagedKVPool | None = None
+        self._usage: dict[str, int] | None = None  # the pool's usage after the last step (read by any thread)
         self._forward: BatchForward | None = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -106,6 +107,7 @@ class Engine:
         self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
         self._forward = BatchForward(self.loaded.model, self.pool)
+        self._usage = self.pool.usage().to_dict()
         self._status = "ready"
 
     # ---- API for any thread ----------------------------------------------------------------------
@@ -165,6 +167,10 @@ class Engine:
                 field="max_new_tokens",
             )
 
+    def describe_ready(self) -> None:
+        """Raise UserError (model_loading / model_failed) unless the model can take requests."""
+        self._require_ready()
+
     def _require_ready(self) -> None:
         ok, why = self.health() if self._thread is not None else (True, "")
         if self._status == "loading":
@@ -187,11 +193,11 @@ class Engine:
     def policy(self) -> Policy:
         return self.scheduler.policy
 
-    def set_policy(self, **changes: Any) -> Policy:
+    def set_policy(self, changes: dict[str, Any] | None = None, /, **more: Any) -> Policy:
         """Change scheduling policies at run time; they apply from the next step. UserError (naming
         the field and its limit) when a change is not valid."""
         with self._lock:
-            policy = self.scheduler.policy.updated(changes)
+            policy = self.scheduler.policy.updated({**(changes or {}), **more})
             self.scheduler.policy = policy
             self._wake.notify_all()
         self.feed.publish("engine_policy", policy=policy.to_dict())
@@ -207,7 +213,7 @@ class Engine:
                 "preemptions": self.preemptions,
                 "prefix_hit_tokens": self.prefix_hit_tokens,
                 "policy": self.scheduler.policy.to_dict(),
-                "kv": self.pool.usage().to_dict() if self.pool else None,
+                "kv": self._usage,  # the worker's copy: the pool is touched by the worker only
             }
 
     @property
@@ -263,14 +269,19 @@ class Engine:
         if not batch:
             return False
         t0 = time.monotonic()
+        cached = {id(w): w.seq.cached for w in batch.work}  # to undo a failed step's bookkeeping
         try:
             logits = self._run(batch)  # one [vocab] row per work item that wants a token
         except Exception as exc:
+            for work in batch.work:
+                work.seq.cached = cached[id(work)]
             logits = self._isolate_failure(batch, exc)
         now = time.monotonic()
         step_ms = (now - t0) * 1000
         self.steps += 1
         self._postprocess(batch, logits, now, step_ms)
+        with self._lock:
+            self._usage = self.pool.usage().to_dict()
         self._publish_step(batch, step_ms)
         return True
 
@@ -278,6 +289,7 @@ class Engine:
         """The pool's side of the policy, on the worker thread (the only one that touches the pool)."""
         if self.pool.prefix_caching != self.scheduler.policy.prefix_caching:
             self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
+            self._usage = self.pool.usage().to_dict()
 
     # ---- model work ------------------------------------------------------------------------------
 
@@ -305,12 +317,15 @@ class Engine:
         rows: dict[int, torch.Tensor] = {}
         failures: dict[Sequence, Exception] = {}
         for single in alone:
+            seq = (single.work + single.recompute)[0].seq
+            cached = seq.cached
             try:
                 if len(alone) == 1:
                     raise exc
                 rows.update(self._run(single))
             except Exception as failure:
-                failures[(single.work + single.recompute)[0].seq] = failure
+                seq.cached = cached
+                failures[seq] = failure
         with self._lock:
             for seq, failure in failures.items():
                 self._end(seq, error=("internal", f"the model step failed: {type(failure).__name__}: {failure}"))
@@ -336,14 +351,6 @@ class Engine:
             context_window=facts.context_window,
         )
         seq.generator = make_generator(params.sampling, torch.device(facts.device))
-
-    def _chunk_size(self, seq: Sequence) -> int:
-        """The prefill chunk size this request runs with (0 = the whole prompt in one pass)."""
-        if not seq.uses_cache:  # without a cache the whole prompt is recomputed in one pass
-            return 0
-        if seq.params.prefill_chunk:
-            return seq.params.prefill_chunk
-        return self.scheduler.policy.chunk_size if self.scheduler.policy.chunked_prefill else 0
 
     def _cache_numbers(self, seq: Sequence) -> dict[str, int]:
         if not seq.uses_cache:
@@ -382,10 +389,11 @@ class Engine:
         self, work: Work, logits: dict[int, torch.Tensor], now: float, step_ms: float, size: int
     ) -> None:
         seq = work.seq
-        if work.kind == "prefill" and self._chunk_size(seq):
+        if work.kind == "prefill" and work.chunked and not seq.preemptions:  # a resume recomputes, silently
             done = seq.cached  # the chunk's end: the forward has just stored it
-            seq.stream.push(
-                ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done, step_ms, seq.cached)
+            self._push(
+                seq,
+                ev.PrefillChunk(seq.id, seq.ms_since_submit(now), done - len(work.tokens), done, step_ms, seq.cached),
             )
         if not work.wants_logits:
             return
@@ -402,7 +410,8 @@ class Engine:
         self.scheduler.prefilled(seq)
         prefill_ms = (now - seq.prefill_start) * 1000
         n, kv = len(seq.prompt_ids), self._cache_numbers(seq)
-        seq.stream.push(
+        self._push(
+            seq,
             ev.PrefillEnd(
                 seq.id,
                 seq.ms_since_submit(now),
@@ -421,7 +430,7 @@ class Engine:
                 kv["kv_blocks"],
                 kv["kv_bytes_reserved"],
                 batch_size,
-            )
+            ),
         )
 
     def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int) -> None:
@@ -435,7 +444,8 @@ class Engine:
             seq.first_text_at = now
         seq.released_text += released
         kv = self._cache_numbers(seq)
-        pushed = seq.stream.push(
+        self._push(
+            seq,
             ev.Token(
                 seq.id,
                 seq.ms_since_submit(now),
@@ -452,39 +462,50 @@ class Engine:
                 kv["kv_blocks"],
                 kv["kv_bytes_reserved"],
                 batch_size,
-            )
+            ),
         )
-        if not pushed and seq.cancel_cause is None:
-            seq.cancel_cause = "slow_client"
         if reason is not None:
             with self._lock:
                 self._end(seq, reason=reason)
 
     # ---- scheduling events -----------------------------------------------------------------------
 
+    @staticmethod
+    def _push(seq: Sequence, event: ev.Event) -> None:
+        """Queue an event for the request's client; one that fell too far behind is cancelled as
+        slow (before the next step), so it never sees a stream with a hole in it."""
+        if not seq.stream.push(event) and seq.cancel_cause is None:
+            seq.cancel_cause = "slow_client"
+
     def _announce_schedule(self, batch: StepPlan) -> None:
         """Events for what the scheduler just decided: preemptions, admissions, queue positions."""
         for seq, freed in batch.preempted:
             self.preemptions += 1
-            seq.stream.push(ev.Preempted(seq.id, seq.ms_since_submit(), freed, len(seq.tokens)))
+            self._push(seq, ev.Preempted(seq.id, seq.ms_since_submit(), freed, len(seq.tokens)))
             self.feed.publish("engine_preempt", request=seq.key, label=seq.label, blocks_freed=freed)
         for seq in batch.admitted:
             if seq.prefill_start is None:
                 self._begin(seq)
                 self.prefix_hit_tokens += seq.prefix_hit
-                seq.stream.push(
+                self._push(
+                    seq,
                     ev.PrefillStart(
-                        seq.id, seq.ms_since_submit(), len(seq.prompt_ids), self._chunk_size(seq), seq.prefix_hit
-                    )
+                        # the same clock reading as metrics' queue_ms, so queue + prefill = TTFT
+                        seq.id,
+                        seq.ms_since_submit(seq.prefill_start),
+                        len(seq.prompt_ids),
+                        seq.chunk_size,
+                        seq.prefix_hit,
+                    ),
                 )
             else:
-                seq.stream.push(ev.Resumed(seq.id, seq.ms_since_submit(), len(seq.tokens)))
+                self._push(seq, ev.Resumed(seq.id, seq.ms_since_submit(), len(seq.tokens)))
             self.feed.publish(
                 "engine_admit",
                 request=seq.key,
                 label=seq.label,
                 prompt_tokens=len(seq.prompt_ids),
-                cached_tokens=seq.prefix_hit,
+                cached_tokens=0 if seq.preemptions else seq.prefix_hit,
                 resumed=seq.preemptions > 0,
                 waited_ms=round(seq.ms_since_submit(), 3),
                 **self._feed_text(prompt=seq),
@@ -495,7 +516,7 @@ class Engine:
         for seq, position, ahead, reason in self.scheduler.positions():
             if seq.stream.last_position != (position, reason):
                 seq.stream.last_position = (position, reason)
-                seq.stream.push(ev.Queued(seq.id, seq.ms_since_submit(), position, ahead, reason))
+                self._push(seq, ev.Queued(seq.id, seq.ms_since_submit(), position, ahead, reason))
 
     def _publish_step(self, batch: StepPlan, step_ms: float) -> None:
         if not self.feed.subscribers:
@@ -520,7 +541,7 @@ class Engine:
                 for w in batch.work + batch.recompute
             ],
             preempted=[seq.key for seq, _ in batch.preempted],
-            prefix_hit_tokens=sum(seq.prefix_hit for seq in batch.admitted),
+            prefix_hit_tokens=sum(seq.prefix_hit for seq in batch.admitted if not seq.preemptions),
             kv=usage,
             waiting=waiting,
             running=running,
@@ -556,6 +577,8 @@ class Engine:
         if seq.state == State.DONE:
             return
         was, freed = self.scheduler.finish(seq, self.pool)
+        if freed:  # only the worker ends a request that holds blocks: the copy is current before the end is seen
+            self._usage = self.pool.usage().to_dict()
         now = time.monotonic()
         metrics, t = request_metrics(seq, now), seq.ms_since_submit(now)
         if error is not None:

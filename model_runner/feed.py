@@ -30,6 +30,9 @@ class Subscription:
                 self.dropped += 1
                 self._unreported += 1
                 return
+            if self._unreported:  # the first event kept after a gap says how many were lost in it
+                event = {**event, "dropped": self._unreported}
+                self._unreported = 0
             self._events.append(event)
             self._ready.notify_all()
 
@@ -38,13 +41,7 @@ class Subscription:
         with self._ready:
             if not self._events:
                 self._ready.wait_for(lambda: bool(self._events) or self.closed, timeout=timeout)
-            if not self._events:
-                return None
-            event = self._events.popleft()
-            if self._unreported:
-                event = {**event, "dropped": self._unreported}
-                self._unreported = 0
-            return event
+            return self._events.popleft() if self._events else None
 
     def close(self) -> None:
         self._feed._unsubscribe(self)

@@ -46,6 +46,8 @@ class BatchForward:
         max_q = max_k = 0
         for row in rows:
             past, q = row.seq.cached, len(row.tokens)
+            if q == 0:  # an empty row would shift every later row's logits onto the wrong request
+                raise ValueError(f"request {row.seq.id} has no tokens in this step")
             ids += row.tokens
             positions += range(past, past + q)
             cu_q.append(cu_q[-1] + q)

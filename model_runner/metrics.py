@@ -1,6 +1,17 @@
-"""A request's timing metrics, computed in one place from its clock stamps. Definitions (as in
-vLLM's): queue = submit → prefill start; prefill = prefill start → first token; TTFT = submit →
-first token; TPOT = (E2E − TTFT) / (tokens − 1); ITL = the gaps between consecutive tokens."""
+"""A request's timing metrics, computed in one place from its clock stamps (time.monotonic, read by
+the engine). Where each clock starts and stops (docs/protocol.md, "Timing metrics"):
+
+- submit: `Sequence.submitted_at`, stamped when `Engine.submit` builds the request, i.e. *after* the
+  chat template was rendered, the prompt tokenized and the context budget decided (vLLM's clocks
+  start at arrival, before that work);
+- prefill start: `Sequence.prefill_start`, stamped once when the scheduler first admits the request,
+  before its per-request set-up (detokenizer, stop checker, sampler);
+- first token: the end of the step whose forward produced the first token (`token_times[0]`).
+
+queue = submit → prefill start; prefill = prefill start → first token (set-up, any waiting between
+prefill chunks or after a preemption, and the forward passes); TTFT = submit → first token, so
+queue + prefill = TTFT exactly (prefill is computed as TTFT − queue from the rounded figures);
+TPOT = (E2E − TTFT) / (tokens − 1); ITL = the gaps between consecutive tokens."""
 
 from __future__ import annotations
 
@@ -17,11 +28,12 @@ def request_metrics(seq: Sequence, end: float) -> dict[str, Any]:
     n = len(times)
     e2e = ms(end)
     ttft = ms(times[0]) if times else None
+    queue = ms(seq.prefill_start) if seq.prefill_start is not None else e2e
     decode_s = times[-1] - times[0] if n > 1 else 0.0
     buffered = seq.params.delivery == "buffered"
     return {
-        "queue_ms": ms(seq.prefill_start) if seq.prefill_start is not None else e2e,
-        "prefill_ms": round((times[0] - seq.prefill_start) * 1000, 3) if times else None,
+        "queue_ms": queue,
+        "prefill_ms": round(ttft - queue, 3) if times else None,
         "ttft_ms": ttft,
         "tpot_ms": round((e2e - ttft) / (n - 1), 3) if n > 1 else None,
         "e2e_ms": e2e,

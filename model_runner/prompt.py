@@ -1,6 +1,10 @@
 """Chat messages → one token sequence via the model's own chat template, with each token's
 provenance (template marker, text the template inserted itself, or the message it came from),
-and the context-budget decision (reject, truncate history, or shrink the output)."""
+and the context-budget decision (reject, truncate history, or shrink the output).
+
+Message text is tokenized as the model's tokenizer does by default: a control marker typed inside a
+message (`<|im_start|>`, `<|im_end|>`, …) becomes the real control token. The provenance keeps the
+message's role as its source and flags such a token with `typed_control: true`."""
 
 from __future__ import annotations
 
@@ -91,7 +95,13 @@ def render(tokenizer, messages: tuple[Message, ...]) -> PromptView:
         text = rendered[start:end]
         source, index = _source(start, end, labels)
         content += index is not None
-        tokens.append({"id": token_id, "text": text, "start": start, "end": end, "source": source, "message": index})
+        token = {"id": token_id, "text": text, "start": start, "end": end, "source": source, "message": index}
+        if index is not None and token_id in tokenizer.special_ids:
+            # A chat-template marker typed inside a message (e.g. "<|im_start|>assistant" in the
+            # user's text): the tokenizer reads it as the real control token, as the model's own
+            # tokenizer does by default, so a user can forge a turn. Kept, and flagged.
+            token["typed_control"] = True
+        tokens.append(token)
     return PromptView(rendered, ids, tokens, content, len(ids) - content, messages)
 
 

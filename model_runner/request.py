@@ -108,6 +108,7 @@ def _messages(data: dict) -> tuple[Message, ...]:
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise UserError(f"`{where}` must be an object with `role` and `content`", field=where)
+        _refuse_unknown(item, MESSAGE_FIELDS, where)
         role, content = item.get("role"), item.get("content")
         if role not in ROLES:
             raise UserError(
@@ -135,6 +136,7 @@ def _sampling(data: dict) -> SamplingParams:
     raw = data.get("sampling", {}) or {}
     if not isinstance(raw, dict):
         raise UserError("`sampling` must be an object", field="sampling")
+    _refuse_unknown(raw, SAMPLING_FIELDS, "sampling")
     temperature = raw.get("temperature", 0.0)
     if not _is_number(temperature) or not 0.0 <= temperature <= LIMITS["temperature"]:
         raise UserError(
@@ -181,8 +183,58 @@ def _bool(data: dict, name: str, default: bool) -> bool:
     return value
 
 
+# The fields a `generate` payload may carry: its parameters, plus `type` and `request_id`, which the
+# WebSocket frame holds (app/session.py reads them) and a trace's request keeps.
+FIELDS = (
+    "messages",
+    "max_new_tokens",
+    "sampling",
+    "stop",
+    "delivery",
+    "kv_cache",
+    "prefill_chunk",
+    "overflow",
+    "timeout_s",
+)
+FRAME_FIELDS = ("type", "request_id")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+MESSAGE_FIELDS = ("role", "content")
+
+
+def _refuse_unknown(data: dict, known: tuple[str, ...], where: str = "") -> None:
+    """A field the protocol does not name is refused by name, so a typo such as `max_new_token`
+    never runs silently with the default."""
+    for name in data:
+        if name in known:
+            continue
+        label = (f"{where}.{name}" if where else str(name))[:100]
+        named = [k for k in known if k not in FRAME_FIELDS]
+        close = [k for k in named if _close(str(name), k)]
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise UserError(
+            f"unknown field {json_repr(label)} in {f'`{where}`' if where else 'the request'}{hint} "
+            f"(allowed: {', '.join(named)})",
+            field=label,
+        )
+
+
+def _close(name: str, known: str) -> bool:
+    """A likely typo: the same name but for case, `-`/`_`, or one letter added, dropped or changed."""
+    a, b = name.lower().replace("-", "_"), known
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
 def parse_generate(data: Any) -> GenerateParams:
-    """Validate an untrusted `generate` payload; raise UserError naming the first bad field."""
+    """Validate an untrusted `generate` payload; raise UserError naming the first bad field. A field
+    the protocol does not name (besides the frame's `type` and `request_id`) is refused by name,
+    after the named fields are checked."""
     if not isinstance(data, dict):
         raise UserError("a generate request must be a JSON object", field=None)
     params = GenerateParams(
@@ -196,6 +248,7 @@ def parse_generate(data: Any) -> GenerateParams:
         overflow=_choice(data, "overflow", OVERFLOW_POLICIES, "reject"),
         timeout_s=_timeout(data),
     )
+    _refuse_unknown(data, FIELDS + FRAME_FIELDS)
     if params.prefill_chunk and not params.kv_cache:
         raise UserError(
             "`prefill_chunk` needs the KV cache: each chunk of the prompt attends to the keys and "

@@ -71,6 +71,7 @@ class Work:
     tokens: list[int]
     kind: str  # "prefill" | "decode" | "recompute" (no KV cache: every position again)
     wants_logits: bool
+    chunked: bool = False  # a prefill chunk of a request that prefills in chunks
 
 
 @dataclass
@@ -176,23 +177,28 @@ class Scheduler:
         if n == 0 or not self._reserve_or_preempt(seq, n, pool, plan, scheduled, may_preempt):
             return 0
         pending = seq.pending
-        plan.work.append(Work(seq, pending[:n], "prefill", n == len(pending)))
+        plan.work.append(Work(seq, pending[:n], "prefill", n == len(pending), chunked=seq.chunk_size > 0))
         scheduled.add(seq)
         return n
 
+    def _chunk_size(self, seq: Sequence) -> int:
+        """The chunk size a request is admitted with, kept until its prompt is in: its own
+        `prefill_chunk`, else the policy's when chunking is on, at most a step's budget; 0 = whole."""
+        if not seq.uses_cache:  # no cache, no chunks: a chunk reads the keys and values of the ones before
+            return 0
+        size = seq.params.prefill_chunk or (self.policy.chunk_size if self.policy.chunked_prefill else 0)
+        return min(size, self.policy.max_batch_tokens)
+
     def _chunk(self, seq: Sequence, budget: int, first_in_step: bool) -> int:
-        """Prompt tokens of `seq` for this step: a chunk when chunking is on (policy or the request's
-        own `prefill_chunk`), else the whole pending prompt if it fits the budget or runs alone."""
+        """Prompt tokens of `seq` for this step: its next chunk (cut to what is left of the budget,
+        at least one token, so a prompt that started in chunks always finishes), else the whole
+        pending prompt when it fits the budget or runs alone."""
         pending = len(seq.pending)
-        limits = [pending]
-        if self.policy.chunked_prefill:
-            limits += [self.policy.chunk_size, budget]
-        if seq.params.prefill_chunk:
-            limits.append(seq.params.prefill_chunk)
-        n = max(0, min(limits))
-        if not self.policy.chunked_prefill and n > budget and not first_in_step:
+        if seq.chunk_size:
+            return min(pending, seq.chunk_size, max(budget, 1))
+        if pending > budget and not first_in_step:
             return 0  # a whole prompt over the budget waits for a step of its own
-        return n
+        return pending
 
     def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan, scheduled: set[Sequence]) -> None:
         """First come, first served: admit waiting requests while the batch, the budget and the pool
@@ -203,13 +209,15 @@ class Scheduler:
         preempted_now = {seq for seq, _ in plan.preempted}
         for seq in list(self.waiting):
             reason = self._cannot_admit(seq, static_closed, budget, preempted_now)
+            if reason is None and seq.state == State.QUEUED:
+                seq.chunk_size = self._chunk_size(seq)
             if reason is None and seq.uses_cache:
                 if seq.cached == 0 and seq.preemptions == 0:
                     seq.cached = seq.prefix_hit = pool.match_prefix(seq)
-                if not pool.fits(seq, len(seq.pending)):
-                    reason = WAIT_PREEMPTED if seq.state == State.PREEMPTED else WAIT_BLOCKS
-                elif self._chunk(seq, budget, first_in_step=not plan.work) == 0:
+                if self._chunk(seq, budget, first_in_step=not plan.work) == 0:
                     reason = WAIT_SLOTS
+                elif not pool.fits(seq, len(seq.pending)):  # checked last: it may evict cached prefixes
+                    reason = WAIT_PREEMPTED if seq.state == State.PREEMPTED else WAIT_BLOCKS
             if reason is not None:
                 self._undo_prefix_match(seq, pool)
                 for i, behind in enumerate(self.waiting):  # it waits, and so does everyone behind it

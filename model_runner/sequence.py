@@ -42,6 +42,7 @@ class Sequence:
     cached: int = 0
     prefix_hit: int = 0  # prompt tokens found in the prefix cache instead of computed
     preemptions: int = 0
+    chunk_size: int = 0  # its prefill chunk size, fixed when admitted (0 = the whole prompt at once)
     # The worker's working state, made when prefill starts and dropped at the end.
     detok: IncrementalDetokenizer | None = None
     stopper: StopChecker | None = None
