@@ -507,7 +507,8 @@ class Engine:
                 prompt_tokens=len(seq.prompt_ids),
                 cached_tokens=0 if seq.preemptions else seq.prefix_hit,
                 resumed=seq.preemptions > 0,
-                waited_ms=round(seq.ms_since_submit(), 3),
+                # a first admission: the stamp queue_ms ends at; a resumption: now
+                waited_ms=round(seq.ms_since_submit(None if seq.preemptions else seq.prefill_start), 3),
                 **self._feed_text(prompt=seq),
             )
         self._announce_positions()

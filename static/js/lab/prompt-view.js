@@ -6,6 +6,12 @@ import { describePrompt } from './api.js';
 import { budgetParts, describeBudget, describeRejection } from './composer-model.js';
 
 const DEBOUNCE_MS = 250;
+// The prompt token's flag for a control marker typed inside a message (model_runner/prompt.py sets
+// it; tests/unit/test_truth_backend.py checks this name against the server's). Named here because
+// shared/protocol.js declares events, not /api/prompt's token fields.
+export const TYPED_CONTROL_FIELD = 'typed_control';
+export const TYPED_CONTROL_CLASS = 'is-typed-control';
+export const TYPED_CONTROL_NOTE = 'typed by the user, read as a control token';
 
 // Newlines get a visible mark so the template's line structure shows inside the token boxes.
 function visible(text) { return text.replace(/\n/g, '↵\n'); }
@@ -31,8 +37,14 @@ export function mountPromptView(root, figure) {
   function renderTokens(tokens) {
     const frag = document.createDocumentFragment();
     tokens.forEach((t, i) => {
-      const span = html('span', { cls: `ptok src-${t.source}`, text: visible(t.text), parent: frag });
-      span.title = `token ${i} · id ${t.id} · ${t.source}${t.message != null ? ` · message ${t.message}` : ''}`;
+      // A control marker typed inside a message: the tokenizer read it as the real control token
+      // (the server flags it), so a user can open a turn of their own.
+      const typed = t[TYPED_CONTROL_FIELD] === true;
+      const cls = `ptok src-${t.source}${typed ? ` ${TYPED_CONTROL_CLASS}` : ''}`;
+      const span = html('span', { cls, text: visible(t.text), parent: frag });
+      span.title = `token ${i} · id ${t.id} · ${t.source}${t.message != null ? ` · message ${t.message}` : ''}`
+        + (typed ? ` · ${TYPED_CONTROL_NOTE}` : '');
+      if (typed) span.dataset.typedControl = 'true';
     });
     tokensEl.replaceChildren(frag);
   }
