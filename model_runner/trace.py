@@ -5,6 +5,8 @@ check (the browser's is static/js/trace.js); `record` makes a trace from a ready
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 from datetime import datetime, timezone
 
 from .events import EVENT_TYPES, TERMINAL_TYPES
@@ -98,17 +100,31 @@ def validate_trace(trace: object) -> list[str]:
     return problems
 
 
+def machine_load(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict:
+    """Where and under what load a trace was recorded: the times in it are this machine's, and
+    other work on its CPUs stretches them (the page shows this beside the recorded run)."""
+    return {
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_1min_before": round(before[0], 2),
+        "load_1min_after": round(after[0], 2),
+    }
+
+
 def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> dict:
     """Runs `request` on a ready engine and returns the trace of that run, every event in arrival order."""
     from .request import parse_generate
 
     params = parse_generate(request)
     prompt = engine.describe_prompt(params)
+    loads_before = os.getloadavg()
     events = [event.to_dict() for event in engine.submit(params, REQUEST_ID)]
     trace = {
         "format": FORMAT,
         "version": VERSION,
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "recorded_on": machine_load(loads_before, os.getloadavg()),
         "model": engine.facts.to_dict(),
         "request": request,
         "prompt": prompt,

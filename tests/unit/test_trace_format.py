@@ -112,3 +112,11 @@ def test_the_validator_names_what_is_broken(change, problem):
 
 def test_a_trace_without_a_prompt_preview_is_accepted():
     assert record_trace.validate_trace(broken(lambda t: t.update(prompt=None))) == []
+
+
+def test_a_recorded_trace_says_on_what_machine_and_under_what_load(fake_engine):
+    trace = record_trace.record(fake_engine)
+    on = trace["recorded_on"]
+    assert on["cpus"] >= 1 and on["machine"]
+    assert on["load_1min_before"] >= 0 and on["load_1min_after"] >= 0
+    assert record_trace.validate_trace(trace) == []
