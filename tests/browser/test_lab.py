@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from kvscope_testkit import screenshot
@@ -97,6 +98,50 @@ def import_module(page, path: str, expr: str):
 
 # ---- pure modules (fake server only serves the files) ----------------------------------------
 
+GOLDEN_FLOPS = json.loads(
+    (Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text(encoding="utf-8")
+)["prefill_flops"]["cases"]
+
+
+def test_prefill_flops_match_the_shared_golden_cases(fake_server, page):
+    """The lab's prefill FLOP count is bench/baselines.py's (tests/unit/test_flops_golden.py checks that one)."""
+    page.goto(fake_server.url + "/")
+    got = import_module(
+        page, "/static/js/lab/metrics.js", f"{json.dumps(GOLDEN_FLOPS)}.map((c) => m.prefillFlops(c.shape, c.tokens))"
+    )
+    assert got == [c["flops"] for c in GOLDEN_FLOPS]
+
+
+def test_sweep_conclusion_follows_the_measured_numbers(fake_server, page):
+    """The sweep's summary is worded from its rows: not always "compute-bound" / "memory-bound"."""
+    page.goto(fake_server.url + "/")
+
+    def summary(rows):
+        rows_js = json.dumps(rows)
+        return import_module(
+            page,
+            "/static/js/lab/experiments-view.js",
+            f"(async () => {{ const e = await import('/static/js/lab/experiments.js'); const rows = {rows_js};"
+            " return m.sweepSummary(rows[rows.length - 1], e.sweepVerdict(rows)); })()",
+        )
+
+    def row(tokens, prefill_gflops, decode_gflops):
+        return {
+            "promptTokens": tokens,
+            "prefillFlopsPerS": prefill_gflops * 1e9,
+            "decodeFlopsPerS": decode_gflops * 1e9,
+            "decodeBytesPerS": 1e9,
+        }
+
+    climbing = summary([row(30, 5, 1), row(120, 15, 1), row(500, 30, 1)])
+    assert "not yet compute-bound" in climbing and "memory-bound" in climbing
+    level = summary([row(30, 29, 1), row(120, 30, 1), row(500, 31, 1)])
+    assert "levelled off" in level and "not yet" not in level and "rose" not in level
+    rose = summary([row(30, 5, 1), row(120, 29, 1), row(500, 30, 1)])
+    assert "rose ×6.0 from 30 to 500 tokens and then levelled off" in rose and "not yet" not in rose
+    unclear = summary([row(30, 5, 4), row(500, 5, 4)])
+    assert "memory-bound" not in unclear and "does not show decode held back" in unclear
+
 
 def test_metric_math(fake_server, page):
     page.goto(fake_server.url + "/")
@@ -109,8 +154,10 @@ def test_metric_math(fake_server, page):
     assert import_module(page, mod, "m.interTokenLatencies([100, 140, 190])") == [40, 50]
     assert import_module(page, mod, "m.timePerOutputToken(1000, 200, 5)") == 200
     assert import_module(page, mod, "m.timePerOutputToken(1000, 200, 1)") is None
-    # 2 × 100 params × 50 tokens in 0.5 s = 20,000 FLOP/s; (1000 + 200) bytes in 0.1 s = 12,000 B/s
-    assert import_module(page, mod, "m.prefillFlopsPerS(100, 50, 500)") == 20_000
+    # The golden tiny case: 5,968 FLOPs (static/data/kv_golden.json) in 0.5 s = 11,936 FLOP/s;
+    # (1000 + 200) bytes in 0.1 s = 12,000 B/s
+    tiny = json.dumps(GOLDEN_FLOPS[0]["shape"])
+    assert import_module(page, mod, f"m.prefillFlopsPerS({tiny}, 3, 500)") == 11_936
     assert import_module(page, mod, "m.decodeBytesPerS(1000, 200, 100)") == 12_000
     # Theil–Sen: the median pairwise slope ignores the one disturbed point.
     assert (

@@ -95,6 +95,11 @@ function start(root, golden, figure) {
     showValues(field, state, sliders);
     renderPresetCard(out('preset-card'), preset, elementTypes);
     renderKind(out('attention-kind'), state);
+    // The attention kind and the window note restate the chosen model's numbers: same provenance as its card
+    // (your own numbers, with no preset, are a hypothetical model).
+    const kind = presetKind(preset);
+    out('attention-kind').dataset.provenance = kind;
+    out('ctx-note').dataset.provenance = kind;
     out('ctx-note').textContent = preset && preset.context_window && state.ctx > preset.context_window
       ? `Beyond this model's context window of ${formatInt(preset.context_window)} positions: arithmetic only.` : '';
     renderFormula(out('formula'), arch, bpt, state);
@@ -204,6 +209,12 @@ function renderKind(el, { heads, kvHeads }) {
   else el.textContent = 'More KV heads than query heads is not a real configuration; the arithmetic still runs.';
 }
 
+function presetKind(preset) {
+  if (!preset) return 'hypothetical';
+  if (preset.id === 'live') return 'measured';
+  return preset.hypothetical ? 'hypothetical' : 'cited';
+}
+
 function renderPresetCard(el, preset, elementTypes) {
   if (!preset) {
     el.replaceChildren(html('p', { text: 'Custom: your own numbers.' }));
@@ -218,18 +229,20 @@ function renderPresetCard(el, preset, elementTypes) {
     preset.context_window ? `context window ${formatInt(preset.context_window)}` : 'context window not given',
   ];
   const live = preset.id === 'live';
+  // Where the card's numbers come from: read off the live model, a hypothetical worked example, or a cited config.
+  const kind = presetKind(preset);
   const source = html('p', { cls: 'kvc-card-source' });
-  source.append(html('span', { cls: `tag ${live ? 'tag-measured' : 'tag-cited'}`, text: live ? 'measured' : 'cited' }), ' Source: ');
+  source.dataset.provenance = kind;
+  source.append(html('span', { cls: `tag tag-${kind}`, text: kind }), ' Source: ');
   if (preset.source.url) {
     const a = html('a', { text: preset.source.name });
     a.href = preset.source.url;
     source.append(a);
   } else source.append(preset.source.name);
   source.append(preset.note ? `. ${preset.note}` : '.');
-  el.replaceChildren(
-    html('p', { cls: 'kvc-card-numbers', text: `${numbers.join(' · ')} → ${formatBytes(preset.bytes_per_token)} per token` }),
-    source,
-  );
+  const card = html('p', { cls: 'kvc-card-numbers', text: `${numbers.join(' · ')} → ${formatBytes(preset.bytes_per_token)} per token` });
+  card.dataset.provenance = kind;
+  el.replaceChildren(card, source);
 }
 
 function presetFromFacts(f, elementTypes) {

@@ -4,7 +4,9 @@
 import { lineChart, laneChart } from '../charts/charts.js';
 import { html } from '../shared/dom.js';
 import { MISSING, formatFixed as num, formatMs } from '../shared/format.js';
-import { EXPERIMENTS, completed, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent } from './experiments.js';
+import {
+  EXPERIMENTS, completed, analyseKv, analyseDelivery, analyseSweep, analyseConcurrent, sweepVerdict,
+} from './experiments.js';
 import { describeStatus } from './run-state.js';
 import { fetchModel } from './api.js';
 
@@ -139,7 +141,7 @@ const DRAW = {
     });
     lineChart(chartEl(card, true), {
       title: 'Achieved GFLOP/s, prefill vs decode (estimates)',
-      desc: 'Estimates: 2 × parameters × tokens ÷ measured time, for prefill and for one decode step.',
+      desc: 'Estimates: prefill FLOPs (2 × non-embedding parameters × tokens + attention + one row of logits) and a decode step\'s 2 × parameters, each ÷ its measured time.',
       xLabel: 'prompt tokens', yLabel: 'GFLOP/s (estimate)', series: flopsSeries,
     });
     sweepTable(card.querySelector('.lab-exp-table'), rows);
@@ -148,10 +150,7 @@ const DRAW = {
       summary(card, 'No prompt in the sweep finished, so there is nothing to estimate.');
       return;
     }
-    summary(card, `At ${long.promptTokens} prompt tokens prefill achieved about ${num(giga(long.prefillFlopsPerS))} GFLOP/s, `
-      + `while a decode step achieved ${num(giga(long.decodeFlopsPerS))} GFLOP/s and moved about ${num(giga(long.decodeBytesPerS), 2)} GB/s. `
-      + 'Prefill reuses each weight it reads for every prompt token, so arithmetic sets its pace (compute-bound); a decode step '
-      + 'reads all the weights for a single token, so memory traffic sets its pace (memory-bound).');
+    summary(card, sweepSummary(long, sweepVerdict(rows)));
   },
   concurrent(card, results) {
     const { lanes, rows } = analyseConcurrent(results);
@@ -169,6 +168,30 @@ const DRAW = {
   },
 };
 
+// The sweep's conclusion, worded from what it measured (sweepVerdict), not a fixed verdict.
+export function sweepSummary(long, v) {
+  let text = `At ${long.promptTokens} prompt tokens prefill achieved about ${num(giga(long.prefillFlopsPerS))} GFLOP/s, `
+    + `while a decode step achieved ${num(giga(long.decodeFlopsPerS))} GFLOP/s and moved about ${num(giga(long.decodeBytesPerS), 2)} GB/s. `;
+  if (v && v.prefill === 'climbing') {
+    text += `Prefill's rate was still climbing at the longest prompt (×${num(v.prefillGrowth, 1)} from ${v.first.promptTokens} to `
+      + `${v.last.promptTokens} tokens): these prompts are too short to fill the arithmetic units, so prefill here is not yet compute-bound. `;
+  } else if (v && v.prefill === 'rose-then-level') {
+    text += `Prefill's rate rose ×${num(v.prefillGrowth, 1)} from ${v.first.promptTokens} to ${v.last.promptTokens} tokens and then `
+      + 'levelled off: the short prompts could not fill the arithmetic units, the longer ones did, as when arithmetic '
+      + 'sets the pace (compute-bound). ';
+  } else if (v && v.prefill === 'level') {
+    text += `Prefill's rate levelled off with prompt length (×${num(v.prefillGrowth, 1)} from ${v.first.promptTokens} to `
+      + `${v.last.promptTokens} tokens), as it does once arithmetic sets the pace (compute-bound). `;
+  }
+  if (v && v.decode === 'memory') {
+    text += `A decode step did ${num(v.decodeRatio, 1)}× less arithmetic per second while reading every weight for one token: `
+      + 'memory traffic, not arithmetic, set its pace (memory-bound).';
+  } else if (v && v.decode === 'unclear') {
+    text += `A decode step reached ${num(v.decodeRatio, 1)}× of prefill's rate, so this run does not show decode held back by memory.`;
+  }
+  return text + ' Estimates from measured times.';
+}
+
 function sweepTable(container, rows) {
   const table = html('table', { cls: 'lab-table lab-sweep-table' });
   const caption = html('caption', { text: 'Per prompt length' });
@@ -185,12 +208,16 @@ function sweepTable(container, rows) {
       num(r.stepMs), num(giga(r.decodeBytesPerS), 2), num(giga(r.decodeFlopsPerS))]) {
       html('td', { text: String(v), parent: tr });
     }
+    // Columns 4, 6 and 7 are estimates (computed); the others are measured times and counts.
+    [...tr.children].forEach((td, i) => { td.dataset.provenance = [3, 5, 6].includes(i) ? 'computed' : 'measured'; });
   }
   table.append(caption, thead, body);
   const tag = html('p');
   const est = html('span', { cls: 'tag tag-computed', text: 'estimate · derived from measured times' });
-  tag.append(est, ' Times are measured; GFLOP/s and GB/s are estimated from them and the model size: '
-    + 'FLOPs ≈ 2 × parameters per token, bytes read per decode step ≈ weights + KV cache.');
+  tag.dataset.provenance = 'computed';
+  tag.append(est, ' Times are measured; GFLOP/s and GB/s are estimated from them and the model\'s shape: '
+    + 'prefill FLOPs = 2 × non-embedding parameters × tokens + causal attention + one row of logits; a decode step ≈ '
+    + '2 × parameters; bytes read per decode step ≈ weights + KV cache.');
   container.replaceChildren(table, tag);
   // The table may scroll sideways on a phone: keyboard users need to reach it to scroll it.
   container.tabIndex = 0;

@@ -137,6 +137,28 @@ export function analyseDelivery(results) {
 }
 
 // TTFT and prefill time against prompt tokens, with throughput estimates from the model's facts.
+// What the sweep's own numbers say, not a fixed verdict: did prefill's achieved FLOP/s still climb with
+// prompt length (too short to fill the arithmetic units), and how far below it did decode stay?
+// rows: analyseSweep's rows. Returns { prefillGrowth, tailGrowth, decodeRatio, prefill, decode } with
+// prefill one of 'climbing' | 'rose-then-level' | 'level' and decode 'memory' | 'unclear' (null when the
+// sweep has too little).
+export function sweepVerdict(rows) {
+  const ok = rows.filter((r) => r.prefillFlopsPerS > 0).sort((a, b) => a.promptTokens - b.promptTokens);
+  if (!ok.length) return null;
+  const first = ok[0];
+  const last = ok[ok.length - 1];
+  const prefillGrowth = ok.length > 1 ? last.prefillFlopsPerS / first.prefillFlopsPerS : null;
+  // Still climbing at the end (the last step up > 15 %), or rose and then levelled off, or flat throughout.
+  const tailGrowth = ok.length > 1 ? last.prefillFlopsPerS / ok[ok.length - 2].prefillFlopsPerS : null;
+  let prefill = null;
+  if (tailGrowth !== null) prefill = tailGrowth > 1.15 ? 'climbing' : (prefillGrowth > 1.25 ? 'rose-then-level' : 'level');
+  const decodeRatio = last.decodeFlopsPerS > 0 ? last.prefillFlopsPerS / last.decodeFlopsPerS : null;
+  return {
+    first, last, prefillGrowth, tailGrowth, decodeRatio, prefill,
+    decode: decodeRatio === null ? null : (decodeRatio >= 2 ? 'memory' : 'unclear'),
+  };
+}
+
 export function analyseSweep(results, facts) {
   const rows = results.map(({ label, run }) => {
     const promptTokens = eventOf(run, EVENT.ACCEPTED)?.prompt_tokens ?? null;
@@ -147,7 +169,7 @@ export function analyseSweep(results, facts) {
     const bandwidth = median(steps.map((e) => decodeBytesPerS(facts.weights_bytes, e.cache_bytes_measured, e.step_ms)));
     return {
       label, promptTokens, ttftMs: ttft, prefillMs: prefill?.ms ?? null, stepMs,
-      prefillFlopsPerS: prefillFlopsPerS(facts.params, promptTokens, prefill?.ms),
+      prefillFlopsPerS: prefillFlopsPerS(facts, promptTokens, prefill?.ms),
       decodeBytesPerS: bandwidth,
       decodeFlopsPerS: decodeFlopsPerS(facts.params, stepMs),
     };

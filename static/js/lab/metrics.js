@@ -32,11 +32,28 @@ export function robustSlope(points) {
   return median(slopes);
 }
 
-// Estimate: a forward pass costs about 2 FLOPs per parameter per token, so prefill of N tokens
-// costs ≈ 2 × params × N. Divided by the measured prefill time it gives the achieved FLOP/s.
-export function prefillFlopsPerS(params, promptTokens, prefillMs) {
-  if (!(params > 0) || !(promptTokens > 0) || !(prefillMs > 0)) return null;
-  return (2 * params * promptTokens) / (prefillMs / 1000);
+// The one prefill FLOP count, the same as bench/baselines.py Shape.prefill_flops (golden cases in
+// static/data/kv_golden.json `prefill_flops`, checked against both): 2 × non-embedding parameters per
+// prompt token, plus causal attention (about T²/2 query-key pairs per head and layer, 2 × head dim
+// FLOPs each for the scores and again for the weighted sum), plus ONE row of logits (2 × vocab ×
+// hidden): the engine computes logits for the last position only. The embedding lookup is free.
+// `shape` holds params, layers, attention_heads, head_dim, hidden_size, vocab_size and
+// tied_embeddings (whether the output layer reuses the input embedding, counted once in params;
+// true when not given: both models this site ships tie them).
+export function prefillFlops(shape, tokens) {
+  const { params, layers, attention_heads: heads, head_dim: headDim, hidden_size: hidden, vocab_size: vocab } = shape || {};
+  if (![params, layers, heads, headDim, hidden, vocab].every((x) => x > 0) || !(tokens > 0)) return null;
+  const embedding = vocab * hidden;
+  const nonEmbedding = params - embedding * ((shape.tied_embeddings ?? true) ? 1 : 2);
+  const attention = 2 * layers * tokens * tokens * heads * headDim;
+  return 2 * nonEmbedding * tokens + attention + 2 * embedding;
+}
+
+// Achieved prefill FLOP/s: prefillFlops ÷ the measured prefill time (an estimate: the count is computed).
+export function prefillFlopsPerS(shape, promptTokens, prefillMs) {
+  const flops = prefillFlops(shape, promptTokens);
+  if (flops === null || !(prefillMs > 0)) return null;
+  return flops / (prefillMs / 1000);
 }
 
 // Estimate: one decode step reads every weight once plus the whole KV cache, so bytes per step ≈

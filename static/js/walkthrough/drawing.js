@@ -150,6 +150,7 @@ export function createDrawing(figureEl) {
     el.readout.replaceChildren();
     for (const line of readout(state, run)) {
       const li = html('li', { text: line.text, parent: el.readout });
+      if (line.tag) li.dataset.provenance = line.tag;
       if (line.tag) html('span', { cls: `tag tag-${line.tag}`, text: line.tag, parent: li });
     }
   }
@@ -229,6 +230,10 @@ export function createDrawing(figureEl) {
     el.sourceDetail.textContent = detail;
     el.sourceTag.textContent = tag;
     el.sourceTag.className = `wt-source-tag tag tag-${tag}`;
+    // Provenance of everything the figure draws from the run on display (the provenance walk reads it).
+    const prov = run.measured ? 'measured' : 'schematic';
+    el.source.parentElement.dataset.provenance = tag;
+    for (const part of [el.panel, el.legend, figureEl.querySelector('.wt-svg-slot')]) if (part) part.dataset.provenance = prov;
     el.num.textContent = `${state.index + 1}/${STAGES.length}`;
     el.name.textContent = state.title;
     for (const name of LANE_NAMES) {

@@ -10,7 +10,9 @@ import { defineFigure } from '../shared/figure.js';
 import { finder } from '../shared/dom.js';
 import { MISSING, formatMs } from '../shared/format.js';
 import { EVENT, isConnectionLost } from '../shared/protocol.js';
-import { STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, schematicRun } from './stages.js';
+import {
+  STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, factProvenance, schematicRun,
+} from './stages.js';
 import { createDrawing } from './drawing.js';
 import { observeSteps, scrollToStep } from './scroll.js';
 
@@ -32,7 +34,10 @@ function render() {
 
 function showFacts() {
   const facts = storyFacts(ctx.run);
-  for (const node of ctx.el.querySelectorAll('[data-fact]')) node.textContent = facts[node.dataset.fact] ?? MISSING;
+  for (const node of ctx.el.querySelectorAll('[data-fact]')) {
+    node.textContent = facts[node.dataset.fact] ?? MISSING;
+    node.dataset.provenance = factProvenance(node.dataset.fact, ctx.run);
+  }
   const prov = ctx.run.measured ? 'measured' : 'schematic';
   for (const tag of ctx.el.querySelectorAll('[data-prov]')) {
     tag.className = `tag tag-${prov}`;

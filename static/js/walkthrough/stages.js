@@ -141,6 +141,43 @@ export function endSentence(end) {
   return `Finished: ${end.reason} — ${why}.${answerComplete(end) ? '' : ' The answer may be cut short.'}`;
 }
 
+// Where each story fact comes from: read off the run on display (measured; schematic for a synthetic
+// run), or worked out from it by arithmetic (computed). index.js writes it into data-provenance.
+const COMPUTED_FACTS = new Set(['bytes-per-token', 'prefill-tps', 'decode-tps', 'decode-steps']);
+export function factProvenance(name, run) {
+  if (!run.measured) return 'schematic';
+  return COMPUTED_FACTS.has(name) ? 'computed' : 'measured';
+}
+
+const ROLE_WORDS = { system: 'system instruction', user: 'user message', assistant: 'earlier answer', retrieved: 'retrieved passage' };
+
+// "a system instruction, one earlier exchange, …": the messages of the run on display, in words.
+export function messageSummary(messages) {
+  if (!messages.length) return 'no messages';
+  const lastUser = messages.map((x) => x.role).lastIndexOf('user');
+  const counts = new Map();
+  messages.forEach((x, i) => {
+    const word = i === lastUser ? 'the new question' : (ROLE_WORDS[x.role] || `${x.role} message`);
+    counts.set(word, (counts.get(word) || 0) + 1);
+  });
+  return [...counts].map(([w, n]) => (n === 1 ? w : `${n} × ${w}`)).join(', ');
+}
+
+function queueSentence(q) {
+  if (!q || q.ahead === null || q.ahead === undefined) return 'no queue position was recorded';
+  const ahead = q.firstAhead ?? q.ahead;
+  if (ahead === 0) return 'nothing was ahead';
+  return `${formatInt(ahead)} ${ahead === 1 ? 'request was' : 'requests were'} ahead`;
+}
+
+function decodingSentence(request) {
+  const s = (request && request.sampling) || null;
+  if (!s) return 'The recorded request does not say how it chose tokens; greedy decoding would take the best one';
+  if (!s.temperature) return 'Greedy decoding, which this run uses, takes the best one';
+  return `This run sampled (temperature ${s.temperature}): it drew one at random, weighted by those scores,`
+    + ' instead of always taking the best';
+}
+
 // Facts the story prose shows (keys are the template's data-fact names), from the run on display.
 export function storyFacts(run) {
   const m = run.model;
@@ -151,6 +188,9 @@ export function storyFacts(run) {
     'model-name': m.name || MISSING,
     'device': m.device_name || m.device || MISSING,
     'messages': formatInt(run.messages.length),
+    'message-kinds': messageSummary(run.messages),
+    'queue-ahead': queueSentence(run.queue),
+    'decoding': decodingSentence(run.request),
     'prompt-total': formatInt(run.prompt.counts.total ?? run.prompt.tokens.length),
     'content-tokens': formatInt(run.prompt.counts.content),
     'template-tokens': formatInt(run.prompt.counts.template),
@@ -189,7 +229,7 @@ export function readout(state, run) {
   const line = (text, tag = m) => [{ text, tag }];
   const { queue: q, prefill: p } = state;
   const lines = {
-    input: () => line(`${run.messages.length} messages: ${state.messages.items.map((x) => x.label).join(' · ')}`, null),
+    input: () => line(`${run.messages.length} messages: ${state.messages.items.map((x) => x.label).join(' · ')}`),
     template: () => line(`${f['prompt-total']} tokens = ${f['content-tokens']} of content + ${f['template-tokens']} `
       + 'added by the template'),
     tokens: () => (run.splitWord
@@ -206,9 +246,10 @@ export function readout(state, run) {
       : line('no token yet', null)),
     decode: () => line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']} · ${f['decode-tps']} tokens/s`),
     cache: () => [
-      ...line(`${f['cache-positions']} positions × ${f['bytes-per-token']} B = ${f['cache-bytes']}`),
-      ...line(`2 × ${f.layers} layers × ${f['kv-heads']} KV heads × ${f['head-dim']} × ${f['bytes-per-element']} B`
-        + ` · weights ${f.weights}, fixed`, 'computed'),
+      ...line(`${f['cache-positions']} positions cached, ${f['cache-bytes']} held`),
+      ...line(`${f['bytes-per-token']} B per token = 2 × ${f.layers} layers × ${f['kv-heads']} KV heads × `
+        + `${f['head-dim']} × ${f['bytes-per-element']} B`, 'computed'),
+      ...line(`weights ${f.weights}, fixed`),
     ],
     delivery: () => line(`${f.generated} tokens → ${run.text.length} characters · ${run.pendingCount} held back mid-character`),
     end: () => (run.end ? line(endSentence(run.end)) : line('still running…', null)),
