@@ -159,7 +159,9 @@ function queueOf(events) {
     firstAhead: queued.length ? queued[0].ahead : null,
     fromMs: from,
     toMs: start ? start.t_ms : null,
-    waitMs: from !== null && start ? start.t_ms - from : null,
+    // The server's own stamps: t_ms counts from submit, so prefill_start.t_ms is the queue time the
+    // server reports (metrics.queue_ms), and queue + prefill tiles TTFT.
+    waitMs: start ? start.t_ms : null,
   };
 }
 
@@ -206,7 +208,8 @@ const PHASE_BY_EVENT = {
 // The timeline strip on one axis of real milliseconds: queue, prefill, then one segment per decode step.
 function timelineOf(q, p, tokens) {
   const segments = [];
-  if (q.fromMs !== null && q.toMs !== null) segments.push({ kind: 'queue', from: q.fromMs, to: q.toMs, ms: q.toMs - q.fromMs });
+  // The queue runs from submit (t = 0 on the server's clock) to prefill start: the server's queue_ms.
+  if (q.toMs !== null) segments.push({ kind: 'queue', from: 0, to: q.toMs, ms: q.toMs });
   if (p.startMs !== null && p.endMs !== null) segments.push({ kind: 'prefill', from: p.startMs, to: p.endMs, ms: p.endMs - p.startMs });
   tokens.forEach((t, i) => {
     if (i === 0) return; // token 0 comes from the prefill logits: it has no step of its own
@@ -239,6 +242,7 @@ export function deriveRun(trace) {
     measured: !trace.synthetic,
     note: trace.note || null,
     recordedAt: trace.recorded_at || null,
+    recordedOn: trace.recorded_on || null,
     model: trace.model || {},
     request: trace.request || {},
     messages,

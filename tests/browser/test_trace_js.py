@@ -174,3 +174,13 @@ def test_the_token_grid_fits_its_lane_for_any_budget(js):
       const last = g.at(n - 1); return last.y + g.cell <= layout.LANES.prompt.top + layout.LANES.prompt.height + 0.01
         && last.x + g.cell <= layout.W; });""")
     assert fits == [True] * 5
+
+
+def test_the_walkthrough_and_the_lab_show_the_servers_queue_time(js):
+    terminal = TRACE["events"][-1]
+    wait, segment, lab = js("""const run = trace.deriveRun(T);
+        const metrics = await import('/static/js/lab/metrics.js');
+        const queue = run.timeline.segments.find((s) => s.kind === 'queue');
+        return [run.queue.waitMs, queue.ms, metrics.summarize(T.events).queueMs];""")
+    # One queue figure everywhere: the figure's label, the timeline's segment and the lab's metric.
+    assert round(wait, 3) == round(segment, 3) == round(lab, 3) == terminal["metrics"]["queue_ms"]

@@ -30,12 +30,18 @@ function sourceLine(state, run) {
   const when = run.recordedAt ? run.recordedAt.slice(0, 10) : '';
   const where = m.name ? `${m.name} on ${m.device_name || m.device || '?'}` : '';
   switch (state.source) {
-    case 'recorded': return ['Recorded run', ` · ${where} · ${when}`, 'measured'];
+    case 'recorded': return ['Recorded run', ` · ${where} · ${when}${loadNote(run.recordedOn)}`, 'measured'];
     case 'live': return [run.end ? 'Live run' : 'Live run, events arriving', ` · ${where}`, 'measured'];
     case 'imported': return ['Run from the lab', ` · ${where} · ${when}`, run.measured ? 'measured' : 'schematic'];
     case 'loading': return ['Loading the recorded run…', '', 'schematic'];
     default: return ['Schematic', ` · ${run.note || 'shapes only'}`, 'schematic'];
   }
+}
+
+// The machine's load while it recorded: other work on the CPUs stretches every time in the run.
+function loadNote(on) {
+  if (!on || !Number.isFinite(on.load_1min_before)) return '';
+  return ` · ${on.cpus} CPUs, load ${on.load_1min_before.toFixed(2)} → ${on.load_1min_after.toFixed(2)}`;
 }
 
 export function createDrawing(figureEl) {
