@@ -57,11 +57,12 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import api, engine_ext, pages, security, ws
+    from . import api, engine_ext, metrics, pages, security, ws
 
     engine_ext.init_app(app)
     security.init_app(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    metrics.init_app(app)  # GET /metrics (Prometheus); needs the engine, so after engine_ext
     ws.init_app(app)
     return app

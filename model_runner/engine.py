@@ -58,6 +58,7 @@ class Engine:
         self.steps = 0  # model steps run, for tests and health
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self._end_listeners: list = []  # fn(sequence, terminal event dict), see add_end_listener
         if loaded is not None:
             self._prepare()
 
@@ -202,6 +203,12 @@ class Engine:
             self._wake.notify_all()
         self.feed.publish("engine_policy", policy=policy.to_dict())
         return policy
+
+    def add_end_listener(self, fn) -> None:
+        """Call fn(sequence, terminal event dict) once per request, at its end. It runs on the thread
+        that ended the request with the engine lock held: it must be quick, must not call back into
+        the engine, and whatever it raises is logged, never passed on."""
+        self._end_listeners.append(fn)
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and the pool, for health pages and observers that join late."""
@@ -591,6 +598,11 @@ class Engine:
         else:
             terminal = ev.Finished(seq.id, t, reason, len(seq.output_ids) - 1, len(seq.output_ids), seq.text, metrics)
         seq.release()
+        for listener in self._end_listeners:  # before the client sees its end, so metrics already count it
+            try:
+                listener(seq, terminal.to_dict())
+            except Exception:  # an observer's bug never reaches the worker
+                log.exception("end listener failed")
         seq.stream.finish(terminal)
         self.feed.publish(
             "engine_end",
