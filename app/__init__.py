@@ -57,12 +57,13 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import api, engine_ext, metrics, pages, security, ws
+    from . import api, engine_ext, metrics, openai_api, pages, security, ws
 
     engine_ext.init_app(app)
     security.init_app(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(openai_api.bp)  # /v1: the OpenAI-compatible API
     metrics.init_app(app)  # GET /metrics (Prometheus); needs the engine, so after engine_ext
     ws.init_app(app)
     return app

@@ -1,0 +1,150 @@
+"""The OpenAI-compatible endpoints (app/openai_api.py) with the official `openai` client against a
+live gunicorn server: the same greedy answer and token counts as the WebSocket protocol, streamed
+or not, logprobs, field errors in OpenAI's shape, and a stream closed early cancelling its request."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from kvscope_testkit import HELLO, TERMINAL, LogCursor, end_is, generate_frame
+from websockets.sync.client import connect
+
+from model_runner.fake import ANSWER
+
+WAIT_S = 60.0  # a deadline for conditions that hold in well under a second; never a timing claim
+
+
+def client_for(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=WAIT_S, max_retries=0)
+
+
+def chat(server, **fields):
+    """chat.completions.create for HELLO with the served model, greedy, unless `fields` say otherwise."""
+    return client_for(server).chat.completions.create(
+        **{"model": "fake", "messages": HELLO, "temperature": 0, **fields}
+    )
+
+
+@pytest.fixture(scope="module")
+def ws_answer(fake_server) -> dict:
+    """What the WebSocket protocol answers for HELLO greedily: accepted and finished events."""
+    with connect(fake_server.ws_url, origin=fake_server.url, open_timeout=WAIT_S, close_timeout=5) as ws:
+        ws.send(json.dumps(generate_frame("openai-ref", sampling={"temperature": 0})))
+        events = [json.loads(ws.recv(timeout=WAIT_S))]
+        while events[-1]["type"] not in TERMINAL:
+            events.append(json.loads(ws.recv(timeout=WAIT_S)))
+    accepted = next(e for e in events if e["type"] == "accepted")
+    return {"accepted": accepted, "finished": events[-1]}
+
+
+def test_models_lists_the_served_model(fake_server):
+    models = client_for(fake_server).models.list()
+    assert [m.id for m in models.data] == ["fake"]
+    assert models.data[0].owned_by == "kvscope"
+
+
+def test_a_completion_matches_the_websocket_answer_and_its_counts(fake_server, ws_answer):
+    finished = ws_answer["finished"]
+    assert finished["type"] == "finished" and finished["text"] == ANSWER
+    reply = chat(fake_server)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == finished["text"]
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens == ws_answer["accepted"]["prompt_tokens"]
+    assert reply.usage.completion_tokens == finished["tokens"]
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_max_tokens_ends_with_length(fake_server):
+    reply = chat(fake_server, max_tokens=5)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+    assert ANSWER.startswith(reply.choices[0].message.content)
+
+
+def test_a_stream_concatenates_to_the_websocket_answer(fake_server, ws_answer):
+    stream = chat(fake_server, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ws_answer["finished"]["text"]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == ws_answer["accepted"]["prompt_tokens"]
+    assert chunks[-1].usage.completion_tokens == ws_answer["finished"]["tokens"]
+
+
+def test_logprobs_come_with_at_most_the_asked_alternatives(fake_server):
+    reply = chat(fake_server, max_tokens=8, logprobs=True, top_logprobs=5)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(entry.token for entry in content) == reply.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0
+        assert 1 <= len(entry.top_logprobs) <= 5
+        assert all(alt.logprob <= 0 for alt in entry.top_logprobs)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the likeliest
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 100_000}, "max_completion_tokens"),
+        ({"model": "gpt-4o"}, "model"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"stop": ["x"] * 9}, "stop"),
+    ],
+)
+def test_a_bad_field_is_refused_naming_it(fake_server, fields, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(fake_server, **fields)
+    error = caught.value.body
+    assert caught.value.status_code == 400
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert param.split("[")[0] in error["message"]
+
+
+def test_closing_a_stream_early_cancels_the_request_on_the_server(slow_server):
+    log = LogCursor(slow_server)
+    stream = chat(slow_server, stream=True)
+    rid = None
+    for count, chunk in enumerate(stream):
+        rid = chunk.id
+        if count == 3:
+            break
+    stream.close()
+    end = log.wait_end(rid, timeout=WAIT_S)
+    assert end_is(end, "cancelled", cause="disconnect"), end
+
+
+def test_api_requests_show_in_the_engine_feed_as_api(fake_server):
+    with connect(fake_server.ws_url, origin=fake_server.url, open_timeout=WAIT_S, close_timeout=5) as ws:
+        ws.send(json.dumps({"type": "subscribe"}))
+        assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "engine_snapshot"
+        chat(fake_server, max_tokens=3)
+        event = json.loads(ws.recv(timeout=WAIT_S))
+        while event["type"] != "engine_end":
+            event = json.loads(ws.recv(timeout=WAIT_S))
+    assert event["label"] == "api" and event["outcome"] == "finished"
+
+
+def test_a_stop_string_ends_the_answer_with_stop(fake_server):
+    reply = chat(fake_server, stop="cache")
+    assert reply.choices[0].finish_reason == "stop"
+    assert ANSWER.startswith(reply.choices[0].message.content)
+    assert len(reply.choices[0].message.content) < ANSWER.index("cache") + len("cache")
+
+
+def test_a_body_over_the_limit_is_refused_in_openai_shape(fake_server):
+    with pytest.raises(openai.APIStatusError) as caught:
+        chat(fake_server, messages=[{"role": "user", "content": "x" * 300_000}])
+    assert caught.value.status_code == 413
+    assert caught.value.body["code"] == "too_large"
