@@ -372,11 +372,13 @@ class Client:
     """A websockets (sync) client that speaks the protocol and files every event by request id."""
 
     def __init__(self, server, origin: str | None = None, **kwargs):
+        # Held open across calls and closed by close()/drop(), so not a context manager: say so.
         self.ws = connect(
             server.ws_url,
             additional_headers={"Origin": origin or server.url},
             open_timeout=WAIT_S,
             close_timeout=2,
+            legacy=True,
             **kwargs,
         )
         self.events: dict[str | None, list[dict]] = defaultdict(list)
