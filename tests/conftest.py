@@ -118,6 +118,18 @@ fake_engine = config_of("shared_engine", "fake")
 real_engine = config_of("shared_engine", "default")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """The fake model's matrices are tiny: on two busy cores torch's second thread only contends
+    (a step takes ~10x longer), so a test using this runs torch on one thread and restores it after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---- Playwright: Debian's Chromium, never a downloaded browser ---------------------------------
 
 

@@ -360,6 +360,33 @@ class _ListHandler(logging.Handler):
 # ---- a well-behaved client ----------------------------------------------------------------------
 
 
+# ---- in-process requests --------------------------------------------------------------------------
+
+
+def ask(content: str = "Tell me about caches.", system: str | None = None, **fields):
+    """Validated `generate` parameters for one user message (and a system prompt if given)."""
+    from model_runner.request import parse_generate
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return parse_generate({"messages": messages, **fields})
+
+
+def blocks_mb(blocks: int) -> float:
+    """kv_cache_mb for a pool of that many 16-token blocks (the fake keeps 256 bytes a token)."""
+    return blocks * 16 * 256 / 2**20
+
+
+def events_of(handle, timeout: float = 30.0) -> list[dict]:
+    """Every event of a request up to its terminal one; fails instead of hanging."""
+    out = []
+    while True:
+        event = handle.next_event(timeout)
+        assert event is not None, f"{handle.id}: no event within {timeout:g} s after {[e['type'] for e in out]}"
+        out.append(event.to_dict())
+        if event.terminal:
+            return out
+
+
 def terminals(events: list[dict]) -> list[dict]:
     return [e for e in events if e["type"] in TERMINAL]
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kvscope_testkit import wait_until
-
-from model_runner.request import parse_generate
+from kvscope_testkit import ask, wait_until
 
 QUESTIONS = [
     "What does a KV cache store?",
@@ -22,11 +20,6 @@ QUESTIONS = [
     "What is the capital of France, and which river runs through it?",
 ]
 MAX_NEW = [24, 8, 20, 16, 12, 24, 6, 18]  # different output lengths: requests leave the batch at different steps
-
-
-def ask(question: str, max_new_tokens: int, system: str | None = None):
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return parse_generate({"messages": messages, "max_new_tokens": max_new_tokens})
 
 
 def token_ids(events):
@@ -51,7 +44,7 @@ def run_together(engine, params_list) -> list[list[dict]]:
 
 @pytest.fixture(scope="module")
 def alone_and_together(real_engine):
-    params = [ask(q, n) for q, n in zip(QUESTIONS, MAX_NEW)]
+    params = [ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, MAX_NEW)]
     alone = [[e.to_dict() for e in real_engine.submit(p, f"alone-{i}")] for i, p in enumerate(params)]
     together = run_together(real_engine, params)
     return alone, together
@@ -93,7 +86,7 @@ def test_prefix_caching_gives_the_same_text_and_skips_the_shared_prefix(real_eng
         "You are a patient tutor for a class on language models. Answer in plain words, in one or two "
         "sentences, and never use jargon without explaining it first. "
     ) * 2
-    first, second = ask("What is a KV cache?", 12, system), ask("What is a KV cache?", 12, system)
+    first, second = (ask("What is a KV cache?", system, max_new_tokens=12) for _ in range(2))
     real_engine.set_policy(prefix_caching=True)
     try:
         cold = [e.to_dict() for e in real_engine.submit(first, "prefix-cold")]

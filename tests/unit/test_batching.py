@@ -11,12 +11,11 @@ import json
 import random
 
 import pytest
-import torch
-from kvscope_testkit import wait_until
+from kvscope_testkit import ask as gen
+from kvscope_testkit import blocks_mb, events_of, wait_until
 
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
-from model_runner.request import parse_generate
 from model_runner.scheduler import WAIT_STATIC, Policy
 
 TERMINAL = ("finished", "cancelled", "error")
@@ -25,36 +24,7 @@ LONG = "Please explain how a paged KV cache shares blocks. " * 3  # 208 tokens: 
 SHORT_SYSTEM = "s"  # a prompt of 30 tokens + the question's characters
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The fake model's matrices are tiny: on two busy cores torch's second thread only contends
-    (a step takes ~10x longer), so these tests run torch on one thread and restore it after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def gen(content=QUESTION, system=None, **fields):
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-    return parse_generate({"messages": messages, **fields})
-
-
-def blocks_mb(engine_blocks: int) -> float:
-    """kv_cache_mb for a pool of that many 16-token blocks (the fake keeps 256 bytes a token)."""
-    return engine_blocks * 16 * 256 / 2**20
-
-
-def events_of(handle, timeout: float = 30.0) -> list[dict]:
-    """Every event of a request up to its terminal one; fails instead of hanging."""
-    out = []
-    while True:
-        event = handle.next_event(timeout)
-        assert event is not None, f"{handle.id}: no event within {timeout:g} s after {[e['type'] for e in out]}"
-        out.append(event.to_dict())
-        if event.terminal:
-            return out
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def read_until(handle, predicate, timeout: float = 30.0) -> list[dict]:

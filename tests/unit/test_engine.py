@@ -5,16 +5,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from kvscope_testkit import ask as gen
 from kvscope_testkit import wait_until
 
 from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.request import parse_generate
 from model_runner.scheduler import Policy
-
-
-def gen(content="Tell me about caches.", **fields):
-    return parse_generate({"messages": [{"role": "user", "content": content}], **fields})
 
 
 def run_all(engine, params, request_id="r"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from kvscope_testkit import ask as gen
+from kvscope_testkit import events_of
 
 import model_runner.engine as engine_module
 from app import create_app
@@ -17,16 +19,7 @@ from model_runner.errors import UserError
 from model_runner.fake import ANSWER
 from model_runner.feed import EngineFeed
 from model_runner.loader import load
-from model_runner.request import parse_generate
 from model_runner.scheduler import Policy
-
-
-def gen(content="Tell me about caches.", **fields):
-    return parse_generate({"messages": [{"role": "user", "content": content}], **fields})
-
-
-def events_of(handle):
-    return [e.to_dict() for e in handle]
 
 
 def test_a_failed_step_retried_alone_keeps_the_other_requests_cache_exact(engine_factory, monkeypatch):

@@ -4,13 +4,12 @@ engine.snapshot(), and counters and histograms that count each finished request 
 from __future__ import annotations
 
 import pytest
-import torch
-from kvscope_testkit import wait_until
+from kvscope_testkit import ask as gen
+from kvscope_testkit import blocks_mb, events_of, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from model_runner.fake import ANSWER
-from model_runner.request import parse_generate
 from model_runner.scheduler import Policy
 
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
@@ -33,34 +32,7 @@ COUNTERS = (
 )
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The fake model's matrices are tiny: a second torch thread only contends (see test_batching)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def gen(content="Tell me about caches.", system=None, **fields):
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-    return parse_generate({"messages": messages, **fields})
-
-
-def blocks_mb(blocks: int) -> float:
-    """kv_cache_mb for a pool of that many 16-token blocks (the fake keeps 256 bytes a token)."""
-    return blocks * 16 * 256 / 2**20
-
-
-def events_of(handle, timeout: float = 30.0) -> list[dict]:
-    out = []
-    while True:
-        event = handle.next_event(timeout)
-        assert event is not None, f"{handle.id}: no event within {timeout:g} s"
-        out.append(event.to_dict())
-        if event.terminal:
-            return out
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def scrape(client) -> dict[str, dict]:
