@@ -16,7 +16,7 @@ from .clients import Job, RequestRecord
 from .progress import work
 from .prompts import Prompt, fit_prompt
 from .ratios import greedy_equality, outputs, run_summary
-from .stats import describe
+from .stats import describe, latency_samples
 
 CLASS_CLIENTS = 16
 # (kind, prompt tokens, max new tokens): four of each in a class of 16, in a seeded order.
@@ -129,13 +129,7 @@ def class_run(
     """One run of the class: distributions over completed requests (all, and TTFT/TPOT per kind),
     failures, preemptions and prefix-cache hits (the engine's counters and per request)."""
     ok = [r for r in records if r.outcome == "completed"]
-    pooled = {
-        "queue_ms": [r.queue_ms for r in ok if r.queue_ms is not None],
-        "ttft_ms": [r.ttft_ms for r in ok if r.ttft_ms is not None],
-        "tpot_ms": [r.tpot_ms for r in ok if r.tpot_ms is not None],
-        "itl_ms": [x for r in ok for x in r.itl_ms],
-        "e2e_ms": [r.e2e_ms for r in ok if r.e2e_ms is not None],
-    }
+    pooled = latency_samples(ok)
     kinds: dict[str, dict] = {}
     for kind, _, _ in MIX:
         mine = [r for r, c in zip(records, classroom) if c.kind == kind and r.outcome == "completed"]

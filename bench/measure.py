@@ -16,7 +16,7 @@ from .grid import CACHE_OFF_TOKENS, Cell, Grid, cells_of
 from .progress import Progress, work
 from .prompts import Prompt
 from .ratios import totals
-from .stats import METRICS, describe, percentile
+from .stats import METRICS, describe, latency_samples, percentile
 from .target import Target
 
 
@@ -208,13 +208,7 @@ class Bench:
         self, prompt: Prompt, output: int, clients: int, repeats: int, records: list[RequestRecord], walls: list[float]
     ) -> dict:
         ok = [r for r in records if r.outcome == "completed"]
-        pooled = {
-            "queue_ms": [r.queue_ms for r in ok if r.queue_ms is not None],
-            "ttft_ms": [r.ttft_ms for r in ok if r.ttft_ms is not None],
-            "tpot_ms": [r.tpot_ms for r in ok if r.tpot_ms is not None],
-            "itl_ms": [x for r in ok for x in r.itl_ms],
-            "e2e_ms": [r.e2e_ms for r in ok if r.e2e_ms is not None],
-        }
+        pooled = latency_samples(ok)
         tokens = [len(r.token_ids) for r in ok]
         engine_steps = [x for r in ok for x in r.engine_itl_ms]
         prefill = [r.prefill_ms for r in ok if r.prefill_ms is not None]

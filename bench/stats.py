@@ -269,3 +269,15 @@ def validate(value: Any, schema: dict = SCHEMA, path: str = "$") -> list[str]:
         for i, item in enumerate(value):
             problems += validate(item, schema["items"], f"{path}[{i}]")
     return problems
+
+
+def latency_samples(records: list) -> dict[str, list[float]]:
+    """Every request's queue, TTFT, TPOT and E2E, and every inter-token gap, pooled over `records`
+    (the ones a request did not produce are left out)."""
+    return {
+        "queue_ms": [r.queue_ms for r in records if r.queue_ms is not None],
+        "ttft_ms": [r.ttft_ms for r in records if r.ttft_ms is not None],
+        "tpot_ms": [r.tpot_ms for r in records if r.tpot_ms is not None],
+        "itl_ms": [x for r in records for x in r.itl_ms],
+        "e2e_ms": [r.e2e_ms for r in records if r.e2e_ms is not None],
+    }

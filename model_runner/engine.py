@@ -529,8 +529,8 @@ class Engine:
     def _publish_step(self, batch: StepPlan, step_ms: float) -> None:
         if not self.feed.subscribers:
             return
-        with self._lock:
-            usage = self.pool.usage().to_dict()
+        with self._lock:  # the usage step() has just taken, not a second count of the pool
+            usage = self._usage
             waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
         self.feed.publish(
             "engine_step",
