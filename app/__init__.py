@@ -39,6 +39,20 @@ DEFAULTS = {
     "POLICY": {},  # scheduling policy changes from the default, e.g. {"max_num_seqs": 1} (see docs/protocol.md)
     "ALLOW_POLICY_CHANGES": None,
     "FEED_TEXT": False,  # prompt/answer text in the engine feed; off unless the teacher says so
+    "DRAFT_MODEL": None,  # speculative experiment's draft model (`--draft-model`); None = prompt lookup
+    # Classroom mode (`kvscope serve --class`, app/classroom.py): the teacher's key (None = no key
+    # works), the extra Host names students use (the LAN address, the hostname) and the join URL.
+    "CLASS_MODE": False,
+    "TEACHER_KEY": None,
+    "CLASS_HOSTS": [],
+    "JOIN_URL": None,
+    # A remote OpenAI-compatible server instead of the built-in model (`kvscope serve --engine openai:URL`):
+    # its URL, the model id it serves (None = the first listed) and the model's config.json or folder.
+    "ENGINE_URL": None,
+    "ENGINE_MODEL": None,
+    "ENGINE_CONFIG": None,
+    "ENGINE_TOP_LOGPROBS": 5,  # candidates asked per token from the remote; 0 = none (faster on llama.cpp)
+    "API_KEY": None,  # when set, /v1/* requires `Authorization: Bearer API_KEY` (KVSCOPE_API_KEY)
 }
 
 
@@ -57,13 +71,15 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import api, engine_ext, metrics, openai_api, pages, security, ws
+    from . import api, classroom, engine_ext, experiments, metrics, openai_api, pages, security, ws
 
     engine_ext.init_app(app)
     security.init_app(app)
+    classroom.init_app(app)  # /class, /api/class*; needs the engine, so after engine_ext
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(openai_api.bp)  # /v1: the OpenAI-compatible API
+    experiments.init_app(app)  # /api/experiments: the serving chapter's measured experiments
     metrics.init_app(app)  # GET /metrics (Prometheus); needs the engine, so after engine_ext
     ws.init_app(app)
     return app

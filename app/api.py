@@ -92,6 +92,15 @@ def engine_state():
     return jsonify(engine.snapshot())
 
 
+def policy_changes_allowed() -> bool:
+    """Whether this server lets clients change scheduling policies (POST /api/engine/policy and the
+    experiments that set one): ALLOW_POLICY_CHANGES when set, else only when listening on loopback."""
+    allowed = current_app.config.get("ALLOW_POLICY_CHANGES")
+    if allowed is None:
+        allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
+    return bool(allowed)
+
+
 @bp.post("/api/engine/policy")
 def engine_policy():
     """Change scheduling policies live, e.g. {"batching": "static"}; answers the policy now in force.
@@ -100,10 +109,7 @@ def engine_policy():
     refusal = origin_refusal(required=False)
     if refusal is not None:
         return refusal
-    allowed = current_app.config.get("ALLOW_POLICY_CHANGES")
-    if allowed is None:
-        allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
-    if not allowed:
+    if not policy_changes_allowed():
         raise UserError(
             "scheduling policies can be changed only on a server that listens on loopback "
             "(or started with ALLOW_POLICY_CHANGES)",

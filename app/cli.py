@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from bench.class_sim import add_parser as add_class_sim_parser
 from bench.runner import add_parser as add_bench_parser
 from model_runner import config as engine_defaults
 from model_runner import loader
@@ -40,7 +41,11 @@ def policy_of(args: argparse.Namespace) -> dict:
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
-    loader.preflight(args.model, args.device, args.dtype)
+    # --class listens on every interface unless --host says otherwise; without it, loopback.
+    args.host = args.host or ("0.0.0.0" if args.class_mode else "127.0.0.1")
+    remote = remote_engine_of(args)  # --engine openai:URL: a remote server instead of the built-in model
+    if remote is None:
+        loader.preflight(args.model, args.device, args.dtype)
     policy = policy_of(args)
     if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
         raise UserError(
@@ -59,7 +64,20 @@ def serve(args: argparse.Namespace) -> int:
     }
     # Flags given on the command line win; the others leave the KVSCOPE_* environment and defaults alone.
     given = {"MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb, "POLICY": policy or None}
+    if args.draft_model:  # the speculative experiment's draft model: checked now, loaded on first use
+        loader.preflight(args.draft_model, args.device, args.dtype)
+        given["DRAFT_MODEL"] = args.draft_model
     config.update({key: value for key, value in given.items() if value is not None})
+    config.update(remote or {})
+    api_key = args.api_key or os.environ.get("KVSCOPE_API_KEY") or None
+    if api_key:
+        config["API_KEY"] = api_key  # a string even when it looks like JSON (from_prefixed_env would parse it)
+    class_lines = []
+    if args.class_mode:
+        from app.classroom import class_setup
+
+        class_config, class_lines = class_setup(args.host, args.port, args.class_host)
+        config.update(class_config)
 
     class KvscopeServer(BaseApplication):
         def load_config(self):
@@ -81,7 +99,9 @@ def serve(args: argparse.Namespace) -> int:
 
             return create_app(config)
 
-    if args.host not in LOOPBACK:
+    for line in class_lines:  # the join URL, the teacher URL and who can now reach the model
+        print(line, file=sys.stderr if "WARNING" in line else sys.stdout, flush=True)
+    if args.host not in LOOPBACK and not class_lines:
         print(
             f"kvscope: WARNING: listening on {args.host}: anyone who can reach this machine on port {args.port} "
             "can use the page and the model. Use it on a classroom network you trust.",
@@ -92,15 +112,70 @@ def serve(args: argparse.Namespace) -> int:
         f"(model {args.model}, device {args.device}, dtype {args.dtype}); the page works while the model loads",
         flush=True,
     )
+    for line in engine_lines(args, remote, api_key):
+        print(line, file=sys.stderr if "WARNING" in line else sys.stdout, flush=True)
     KvscopeServer().run()
     return 0
+
+
+def remote_engine_of(args: argparse.Namespace) -> dict | None:
+    """The app config for --engine openai:URL (checked here: a bad URL stops in one line), or None."""
+    if not args.engine:
+        if args.engine_model or args.engine_config:
+            raise UserError("--engine-model and --engine-config need --engine openai:URL", field="engine")
+        return None
+    from model_runner.remote_facts import config_path
+    from model_runner.remote_http import parse_url
+
+    parse_url(args.engine)
+    config_path(args.engine_config)
+    if not 0 <= args.engine_top_logprobs <= 5:
+        raise UserError(f"--engine-top-logprobs must be 0 to 5, got {args.engine_top_logprobs}", field="engine")
+    return {
+        "ENGINE_URL": args.engine,
+        "ENGINE_MODEL": args.engine_model,
+        "ENGINE_CONFIG": args.engine_config,
+        "ENGINE_TOP_LOGPROBS": args.engine_top_logprobs,
+    }
+
+
+def engine_lines(args: argparse.Namespace, remote: dict | None, api_key: str | None) -> list[str]:
+    """What the start-up output says about a remote engine and the /v1 API key (never the key itself)."""
+    lines = []
+    if remote:
+        lines.append(
+            f"kvscope: the model runs on the remote server {args.engine} ({args.engine_model or 'the first model it lists'}); "
+            "the page shows what is visible from outside it (see docs/scale.md)"
+        )
+    if api_key:
+        lines.append(
+            "kvscope: /v1/* requires `Authorization: Bearer <API key>` (the key from --api-key or KVSCOPE_API_KEY)"
+        )
+    elif args.host not in LOOPBACK:
+        lines.append(
+            f"kvscope: WARNING: /v1/* (the OpenAI-compatible API) is open to anyone who can reach {args.host}:{args.port}; "
+            "set --api-key or KVSCOPE_API_KEY to require a key"
+        )
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description="Inside a streaming answer: a real model, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the page and the model")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for a classroom)")
+    s.add_argument("--host", help="address to bind (default loopback; with --class every interface, 0.0.0.0)")
+    s.add_argument(
+        "--class",
+        dest="class_mode",
+        action="store_true",
+        help="classroom mode: students join over the LAN, the teacher projects /class (see docs/classroom.md)",
+    )
+    s.add_argument(
+        "--class-host",
+        action="append",
+        metavar="NAME",
+        help="with --class: another host name students may use (repeatable); the LAN address and hostname always work",
+    )
     s.add_argument("--port", type=int, default=8000)
     s.add_argument(
         "--model",
@@ -108,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="'default' (bundled SmolLM2-135M-Instruct), a local transformers folder, or a hub id in your cache",
     )
     s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
-    s.add_argument("--dtype", default="auto", help="auto (bf16/fp16 on GPU, fp32 on CPU), float32, bfloat16 or float16")
+    s.add_argument("--dtype", default="auto", help=loader.DTYPE_HELP)
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument(
         "--timeout",
@@ -158,8 +233,40 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="extra Origin allowed to open the WebSocket (repeatable); same origin is always allowed",
     )
+    s.add_argument(
+        "--draft-model",
+        metavar="ID_OR_PATH",
+        help="a small model with the same vocabulary (local folder or cached hub id) that proposes tokens in the "
+        "speculative-decoding experiment (default: prompt lookup, no second model)",
+    )
+    s.add_argument(
+        "--engine",
+        metavar="openai:URL",
+        help="drive the page with a remote OpenAI-compatible server (vLLM, llama.cpp, kvscope) instead of the built-in model",
+    )
+    s.add_argument(
+        "--engine-model", metavar="NAME", help="with --engine: the model id to use (default: the first listed)"
+    )
+    s.add_argument(
+        "--engine-config",
+        metavar="PATH",
+        help="with --engine: the model's config.json or its folder (KV bytes per token; a tokenizer there shows prompt tokens)",
+    )
+    s.add_argument(
+        "--engine-top-logprobs",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --engine: candidates asked per token, 0-5 (0: none shown; much faster on llama.cpp's server)",
+    )
+    s.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on /v1/* (also KVSCOPE_API_KEY); never printed or logged",
+    )
     s.set_defaults(func=serve)
     add_bench_parser(sub)  # a broken import fails loudly here, never hides the subcommand
+    add_class_sim_parser(sub)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Attaches one Engine to the app (app.extensions["kvscope_engine"]); the engine never holds the app."""
+"""Attaches one engine to the app (app.extensions["kvscope_engine"]): the built-in `Engine`, or a
+`RemoteEngine` in front of an OpenAI-compatible server when ENGINE_URL is set; the engine never holds the app."""
 
 from __future__ import annotations
 
@@ -12,24 +13,43 @@ KEY = "kvscope_engine"
 def init_app(app: Flask) -> None:
     engine = app.config.get("ENGINE")  # tests may inject a ready engine; its owner shuts it down
     if engine is None:
-        from model_runner import config as engine_defaults
-        from model_runner.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
-
-        engine = Engine(
-            EngineConfig(
-                model=app.config["MODEL"],
-                device=app.config["DEVICE"],
-                dtype=app.config["DTYPE"],
-                max_queue=int(app.config["MAX_QUEUE"]),
-                timeout_s=float(app.config["TIMEOUT_S"]),
-                kv_cache_mb=app.config["KV_CACHE_MB"],
-                feed_text=bool(app.config["FEED_TEXT"]),
-                policy=engine_defaults.POLICY.updated(dict(app.config["POLICY"])),
-            )
-        )
-        engine.start()  # loads on the engine's worker thread: the app answers /api/model meanwhile
+        engine = remote_engine(app) if app.config.get("ENGINE_URL") else builtin_engine(app)
+        engine.start()  # loads (or connects) on its own thread: the app answers /api/model meanwhile
         atexit.register(engine.shutdown)  # in-flight requests end with `cancelled` (cause shutdown)
     app.extensions[KEY] = engine
+
+
+def builtin_engine(app: Flask):
+    from model_runner import config as engine_defaults
+    from model_runner.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
+
+    return Engine(
+        EngineConfig(
+            model=app.config["MODEL"],
+            device=app.config["DEVICE"],
+            dtype=app.config["DTYPE"],
+            max_queue=int(app.config["MAX_QUEUE"]),
+            timeout_s=float(app.config["TIMEOUT_S"]),
+            kv_cache_mb=app.config["KV_CACHE_MB"],
+            feed_text=bool(app.config["FEED_TEXT"]),
+            policy=engine_defaults.POLICY.updated(dict(app.config["POLICY"])),
+        )
+    )
+
+
+def remote_engine(app: Flask):
+    from model_runner.remote import RemoteConfig, RemoteEngine  # no torch unless a tokenizer is loaded
+
+    return RemoteEngine(
+        RemoteConfig(
+            url=str(app.config["ENGINE_URL"]),
+            model=app.config.get("ENGINE_MODEL"),
+            engine_config=app.config.get("ENGINE_CONFIG"),
+            max_queue=int(app.config["MAX_QUEUE"]),
+            timeout_s=float(app.config["TIMEOUT_S"]),
+            top_logprobs=int(app.config.get("ENGINE_TOP_LOGPROBS", 5)),
+        )
+    )
 
 
 def get_engine():

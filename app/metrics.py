@@ -177,9 +177,11 @@ class Metrics:
             self.e2e.labels(name).observe(m["e2e_ms"] / 1000)
         if m["ttft_ms"] is not None:
             self.ttft.labels(name).observe(m["ttft_ms"] / 1000)
-            self.prefill.labels(name).observe(m["prefill_ms"] / 1000)
+            if m["prefill_ms"] is not None:  # a remote engine cannot see where queueing ends and prefill starts
+                self.prefill.labels(name).observe(m["prefill_ms"] / 1000)
             times = seq.token_times
-            self.decode.labels(name).observe(times[-1] - times[0])
+            if times:
+                self.decode.labels(name).observe(times[-1] - times[0])
         if m["tpot_ms"] is not None:
             self.request_tpot.labels(name).observe(m["tpot_ms"] / 1000)
         itl, tpot = self.itl.labels(name), self.tpot.labels(name)

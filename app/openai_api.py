@@ -11,13 +11,19 @@ Contract:
   content chunks, a chunk with `finish_reason`, a usage chunk (with `stream_options.include_usage`),
   then `data: [DONE]`. A client that goes away mid-stream cancels its request (cause `disconnect`).
 - Every request's end is logged like a WebSocket request's (`request_ended`).
+- With API_KEY set, every /v1 call needs `Authorization: Bearer KEY` (401 otherwise); a non-streaming
+  client that hangs up is cancelled too where gunicorn exposes its socket (`watch_disconnect`).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
+import select
+import socket
+import threading
 import time
 import uuid
 from contextlib import closing
@@ -86,6 +92,27 @@ def _too_large(exc):
 @bp.before_request
 def _check_origin():
     return origin_refusal(required=False)
+
+
+@bp.before_request
+def _check_api_key():
+    """With API_KEY set, every /v1 call needs `Authorization: Bearer KEY` (compared in constant time,
+    never logged); a missing or wrong key gets OpenAI's 401 shape."""
+    key = current_app.config.get("API_KEY")
+    if key is None or key == "":
+        return None
+    sent = request.headers.get("Authorization", "")
+    scheme, _, token = sent.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), str(key).encode()):
+        return None
+    message = (
+        "a valid API key is required: send `Authorization: Bearer <key>`" if not sent else "the API key is not valid"
+    )
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+    response = jsonify(body)
+    response.status_code = 401
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 # ---- the request: OpenAI fields → a kvscope generate payload --------------------------------------
@@ -366,5 +393,32 @@ def chat_completions():
     if stream:
         body_iter = stream_with_context(chunks(rid, served, events, top, include_usage))
         return Response(body_iter, mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    watch_disconnect(handle, request.environ.get("gunicorn.socket"))  # a client that hangs up cancels
     answer = completion(rid, served, list(events), top)
     return jsonify(answer)
+
+
+def client_gone(sock) -> bool:
+    """True when the client has closed its end of the connection (readable, and a peek reads EOF)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (OSError, ValueError):  # a TLS socket cannot peek: not detectable, keep going
+        return False
+
+
+def watch_disconnect(handle, sock, every: float = 0.25) -> None:
+    """Non-streaming answers: gunicorn hands the connection's socket in the WSGI environ, so a client
+    that hangs up while its answer is being generated is seen and its request cancelled (cause
+    `disconnect`). Without that socket (another WSGI server) it is not detectable: the answer runs to its end."""
+    if not isinstance(sock, socket.socket):
+        return
+
+    def watch():
+        while not handle.done:
+            if client_gone(sock):
+                handle.cancel(cause="disconnect")
+                return
+            time.sleep(every)
+
+    threading.Thread(target=watch, name=f"kvscope-watch-{handle.id}", daemon=True).start()

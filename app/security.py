@@ -71,6 +71,9 @@ def allowed_hosts(config) -> frozenset[str] | None:
     if config.get("ALLOWED_HOSTS"):
         return frozenset(h.lower() for h in config["ALLOWED_HOSTS"])
     bind = str(config.get("BIND_HOST", "")).strip("[]").lower()
+    if config.get("CLASS_MODE"):  # students use the LAN address or the hostname; every other name is refused
+        names = {str(h).strip("[]").lower() for h in config.get("CLASS_HOSTS") or []}
+        return LOOPBACK_HOSTS | names | ({bind} if bind not in ("0.0.0.0", "::", "") else set())
     return LOOPBACK_HOSTS | {bind} if is_loopback(bind) else None
 
 

@@ -42,12 +42,12 @@ class SessionSettings:
     drain_s: float = 30.0  # after the socket ends, how long a pump waits for its request's last event
 
 
-def run_session(ws, engine, settings: SessionSettings = SessionSettings(), peer: str = "") -> None:
-    Session(ws, engine, settings, peer).run()
+def run_session(ws, engine, settings: SessionSettings = SessionSettings(), peer: str = "", seat=None) -> None:
+    Session(ws, engine, settings, peer, seat).run()
 
 
 class Session:
-    def __init__(self, ws, engine, settings: SessionSettings, peer: str = ""):
+    def __init__(self, ws, engine, settings: SessionSettings, peer: str = "", seat=None):
         self.ws = ws
         self.engine = engine
         self.settings = settings
@@ -58,7 +58,13 @@ class Session:
         self._lock = threading.Lock()  # guards _inflight
         self._inflight: dict[str, Any] = {}  # request id → RequestHandle, until its terminal event
         self._feed = None  # the engine feed subscription, after a `subscribe`
-        self.label = f"socket {next(SOCKET_NUMBERS)}"  # how observers see this socket's requests
+        # The class view's side of this socket (app/classroom.py: label, cap, rate limit, notices,
+        # follow), or None outside a classroom.
+        self.seat = seat
+        # how observers see this socket's requests
+        self.label = (seat.label if seat is not None else "") or f"socket {next(SOCKET_NUMBERS)}"
+        if seat is not None:
+            seat.attach(self._send_message)
 
     # ---- the reader loop -----------------------------------------------------------------------
 
@@ -95,6 +101,8 @@ class Session:
                 self._subscribe()
             elif kind == "unsubscribe":
                 self._unsubscribe()
+            elif kind in ("follow", "unfollow") and self.seat is not None:
+                self.seat.follow(kind == "follow")
             else:
                 self._send_error(
                     None,
@@ -126,25 +134,32 @@ class Session:
                 UserError(f"`request_id` {json_repr(rid)} is already in flight on this socket", field="request_id"),
             )
             return
-        if count >= self.settings.max_inflight:
+        limit, where = self.settings.max_inflight, "socket"
+        if self.seat is not None:  # in a classroom the teacher sets the cap per laptop
+            limit, where = self.seat.max_inflight(limit), self.seat.cap_noun
+        if count >= limit:
             self._send_error(
                 rid,
                 UserError(
-                    f"at most {self.settings.max_inflight} requests may be in flight on one socket; "
-                    "wait for one to end or cancel one",
+                    f"at most {limit} requests may be in flight on one {where}; wait for one to end or cancel one",
                     code="too_many_requests",
                 ),
             )
             return
+        seated = False  # the seat counts the request in flight from submit_options on
         try:
             params = parse_generate(data)
-            handle = self.engine.submit(params, rid, label=self.label)
-        except UserError as exc:
+            # Only a classroom passes feed_text, so engines without it (a remote one) still serve.
+            extra = self.seat.submit_options() if self.seat is not None else {}
+            seated = self.seat is not None
+            handle = self.engine.submit(params, rid, label=self.label, **extra)
+        except Exception as exc:
+            if seated:
+                self.seat.request_ended()
+            if not isinstance(exc, UserError):
+                log.exception("ws %s: submitting request %s failed", self.peer, rid)
+                exc = UserError("the server failed to start this request", code="internal")
             self._send_error(rid, exc)
-            return
-        except Exception:
-            log.exception("ws %s: submitting request %s failed", self.peer, rid)
-            self._send_error(rid, UserError("the server failed to start this request", code="internal"))
             return
         with self._lock:
             self._inflight[rid] = handle
@@ -203,6 +218,8 @@ class Session:
         feed = self.engine.feed.subscribe()
         try:
             self._send(json.dumps({"type": "engine_snapshot", "schema": SCHEMA_VERSION, **self.engine.snapshot()}))
+            if self.seat is not None:  # the class counters: their state now, then stats every second
+                self._send_message(self.seat.subscribed(feed))
             threading.Thread(target=self._pump_feed, args=(feed,), name="kvscope-feed", daemon=True).start()
         except Exception:
             feed.close()  # no pump: the subscription must not linger in the feed
@@ -218,12 +235,20 @@ class Session:
 
     def _unsubscribe(self) -> None:
         if self._feed is not None:
+            if self.seat is not None:
+                self.seat.unsubscribed()
             self._feed.close()
             self._feed = None
 
+    def _send_message(self, message: dict) -> bool:
+        """A server message that belongs to no request (class notices and stages)."""
+        return self._send(json.dumps({**message, "schema": SCHEMA_VERSION}))
+
     def _forget(self, rid: str) -> None:
         with self._lock:
-            self._inflight.pop(rid, None)
+            handle = self._inflight.pop(rid, None)
+        if handle is not None and self.seat is not None:  # once per request: the pump calls this twice
+            self.seat.request_ended()
 
     # ---- sending and ending ----------------------------------------------------------------------
 
@@ -267,6 +292,8 @@ class Session:
         with self._send_lock:
             self._open = False
         self._unsubscribe()
+        if self.seat is not None:
+            self.seat.leave()
         self._cancel_all()
 
     def _cancel_all(self) -> None:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
 
+from . import classroom
 from .engine_ext import get_engine
 from .security import origin_refusal
 from .session import SessionSettings, run_session
@@ -69,7 +70,7 @@ def serve_socket(ws) -> None:
             return
         bound_send_time(ws, float(config["SEND_TIMEOUT_S"]))
         peer = f"{request.remote_addr}:{request.environ.get('REMOTE_PORT', '')}"
-        run_session(ws, get_engine(), session_settings(config), peer=peer)
+        run_session(ws, get_engine(), session_settings(config), peer=peer, seat=classroom.seat_for_socket())
 
 
 sock.route("/ws", bp=bp)(serve_socket)

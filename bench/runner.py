@@ -70,7 +70,16 @@ def add_parser(subparsers) -> None:
         "transformers folder / cached hub id; with --via-websocket, the model the server runs",
     )
     b.add_argument("--device", default="auto", help="auto, cuda, mps or cpu")
-    b.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    b.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16, int4 or int8 (see kvscope serve)")
+    b.add_argument(
+        "--dtypes",
+        nargs="?",
+        const="float32,auto",
+        metavar="LIST",
+        help="compare dtype routes in one run (default float32,auto; the first is the reference): lone-client "
+        "decode tokens/s, prefill, aggregate tokens/s at --concurrency (default 8) clients, memory, and greedy "
+        "agreement on the quality prompts, with ratios (issue 17: auto >= 2.5x float32 alone)",
+    )
     b.add_argument(
         "--quick", action="store_true", help=f"a small grid that ends in under 3 minutes on 2 CPU cores ({QUICK_NOTE})"
     )
@@ -200,6 +209,10 @@ def _load() -> list[float] | None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "dtypes", None):
+        from .dtypes import run_dtypes
+
+        return run_dtypes(args)
     if getattr(args, "batching", False) or getattr(args, "class_scenario", False):
         from .batching import run_batching
 

@@ -58,6 +58,7 @@ class Engine:
         self.steps = 0  # model steps run, for tests and health
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self.tokens_generated = 0  # every token chosen, in all (the class view's tokens/s)
         self._end_listeners: list = []  # fn(sequence, terminal event dict), see add_end_listener
         if loaded is not None:
             self._prepare()
@@ -117,9 +118,12 @@ class Engine:
         self._require_ready()
         return plan(self.loaded.tokenizer, params, self.loaded.facts.context_window).to_dict()
 
-    def submit(self, params: GenerateParams, request_id: str | None = None, label: str = "") -> RequestHandle:
+    def submit(
+        self, params: GenerateParams, request_id: str | None = None, label: str = "", feed_text: bool | None = None
+    ) -> RequestHandle:
         """Queue a request; raise UserError when it cannot be (bad budget, full queue, no model, or
-        more KV blocks than the whole pool holds)."""
+        more KV blocks than the whole pool holds). `feed_text`: whether the feed may carry this
+        request's prompt and answer (None: the server's `feed_text`), fixed when it is submitted."""
         self._require_ready()
         view = plan(self.loaded.tokenizer, params, self.loaded.facts.context_window)
         seq = Sequence(
@@ -129,6 +133,7 @@ class Engine:
             max_new_tokens=view.budget["max_new_tokens"],
             key=f"r{next(self._keys)}",
             label=label,
+            feed_text=feed_text,
         )
         self._require_room(seq)
         handle = seq.stream = RequestHandle(seq, self.config.event_buffer, self._cancel)
@@ -136,6 +141,13 @@ class Engine:
             if self._closed is not None:  # checked under the lock: the worker may be draining now
                 raise UserError(f"the model is not available: {self._closed}", code="model_failed")
             self.scheduler.add(seq)  # raises overloaded before anything is emitted
+            self.feed.publish(  # so observers can show a request while it waits
+                "engine_submit",
+                request=seq.key,
+                label=seq.label,
+                prompt_tokens=len(seq.prompt_ids),
+                **self._feed_text(prompt=seq),
+            )
             handle.push(
                 ev.Accepted(
                     seq.id,
@@ -204,6 +216,26 @@ class Engine:
         self.feed.publish("engine_policy", policy=policy.to_dict())
         return policy
 
+    def set_paused(self, paused: bool) -> None:
+        """Hold (or release) admissions: requests are still accepted and queued, and those running
+        carry on, but nothing waiting is admitted while paused (the class view's pause)."""
+        with self._lock:
+            self.scheduler.paused = bool(paused)
+            self._wake.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self.scheduler.paused
+
+    def cancel_all(self, cause: str) -> int:
+        """Cancel every queued and running request (each ends with one `cancelled` event with this
+        cause); returns how many were asked to stop."""
+        with self._lock:
+            seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in seqs:
+            self._cancel(seq, cause)
+        return len(seqs)
+
     def add_end_listener(self, fn) -> None:
         """Call fn(sequence, terminal event dict) once per request, at its end. It runs on the thread
         that ended the request with the engine lock held: it must be quick, must not call back into
@@ -256,7 +288,8 @@ class Engine:
                             break
                     if not self.step():
                         with self._lock:  # nothing could run (all wait for blocks): wait for a change
-                            self._wake.wait(timeout=0.01)
+                            # paused by the teacher: resume, cancels and submits wake it; timeouts can wait 0.25 s
+                            self._wake.wait(timeout=0.25 if self.scheduler.paused else 0.01)
         except BaseException as exc:  # the worker itself broke: say so in health, fail what waits
             self._reason = f"{type(exc).__name__}: {exc}"
             log.error("engine worker died: %s", self._reason)
@@ -443,6 +476,7 @@ class Engine:
     def _accept_token(self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int) -> None:
         seq.output_ids.append(choice.token_id)
         seq.token_times.append(now)
+        self.tokens_generated += 1
         index = len(seq.output_ids) - 1
         new_text = seq.detok.feed(choice.token_id)
         released, reason = seq.stopper.add(choice.token_id, new_text, len(seq.output_ids))
@@ -556,12 +590,16 @@ class Engine:
         )
 
     def _feed_text(self, prompt: Sequence | None = None, answer: Sequence | None = None) -> dict[str, str]:
-        """Prompt or answer text for the feed, only when the server allows it."""
-        if not self.config.feed_text:
+        """Prompt or answer text for the feed, only when the server allows it, or the request
+        itself was submitted with `feed_text` (the class view's "show prompts")."""
+        seq = prompt if prompt is not None else answer
+        allowed = seq.feed_text if seq is not None and seq.feed_text is not None else self.config.feed_text
+        if not allowed:
             return {}
         if prompt is not None:
             return {"prompt": prompt.params.messages[-1].content}
-        return {"text": answer.text if answer is not None else ""}
+        text = answer.text if answer is not None else ""
+        return {"text": text, "answer": text}
 
     # ---- endings ---------------------------------------------------------------------------------
 
@@ -610,6 +648,7 @@ class Engine:
             label=seq.label,
             outcome=terminal.type,
             reason=getattr(terminal, "reason", None) or getattr(terminal, "code", None),
+            cause=getattr(terminal, "cause", None),  # who cancelled: client, disconnect, timeout, teacher ...
             tokens=len(seq.output_ids),
             blocks_freed=freed,
             **self._feed_text(answer=seq),

@@ -24,6 +24,7 @@ WAIT_SLOTS = "waiting for a free place in the batch"
 WAIT_BLOCKS = "waiting for KV blocks"
 WAIT_STATIC = "waiting for the static batch to finish"
 WAIT_PREEMPTED = "preempted: waiting to recompute its tokens"
+WAIT_PAUSED = "paused by the teacher"
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.wait_reason: dict[Sequence, str] = {}
+        self.paused = False  # admissions held (the class view's pause): requests queue, none is admitted
 
     # ---- arrivals and endings -----------------------------------------------------------------------
 
@@ -205,6 +207,10 @@ class Scheduler:
         have room; the first that cannot be admitted keeps everyone behind it waiting. A request is
         admitted only when the pool can hold its whole prompt now, so chunked prefill does not admit
         requests that would preempt each other chunk by chunk."""
+        if self.paused:
+            for behind in self.waiting:
+                self.wait_reason[behind] = WAIT_PAUSED
+            return
         static_closed = self.policy.batching == "static" and not was_empty
         preempted_now = {seq for seq, _ in plan.preempted}
         for seq in list(self.waiting):
@@ -286,7 +292,7 @@ class Scheduler:
         """(request, position, ahead, why) for each waiting request; position 1 = next to run."""
         busy = len(self.running)
         return [
-            (s, i + 1, i + busy, self.wait_reason.get(s, WAIT_LINE if i else WAIT_NEXT))
+            (s, i + 1, i + busy, WAIT_PAUSED if self.paused else self.wait_reason.get(s, WAIT_LINE if i else WAIT_NEXT))
             for i, s in enumerate(self.waiting)
         ]
 

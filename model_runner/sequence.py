@@ -31,6 +31,7 @@ class Sequence:
     params: GenerateParams
     key: str = ""  # the engine's own unique id, also the paged cache's request id
     label: str = ""  # who sent it, for observers (e.g. "ws 3"), never the prompt
+    feed_text: bool | None = None  # its prompt/answer may go to the engine feed (None: the server decides)
     submitted_at: float = field(default_factory=time.monotonic)
     state: State = State.QUEUED
     prompt_ids: list[int] = field(default_factory=list)

@@ -109,9 +109,10 @@ def layout(name: str, example: dict) -> str:
 
 
 def wrap(text: str, width: int = 110) -> str:
-    """Break a one-line JSON text after `, ` at top-level-ish places so lines stay near `width`."""
+    """Break a one-line JSON text after `, ` between values (never inside a string, where a line
+    break would not be JSON) so lines stay near `width`."""
     lines, line = [], ""
-    for part in re.split(r"(?<=, )", text):
+    for part in json_parts(text):
         if line and len(line) + len(part) > width:
             lines.append(line.rstrip())
             line = " " + part
@@ -119,6 +120,25 @@ def wrap(text: str, width: int = 110) -> str:
             line += part
     lines.append(line)
     return "\n".join(lines)
+
+
+def json_parts(text: str) -> list[str]:
+    """`text` cut after each `, ` that stands outside a JSON string."""
+    parts, start, in_string, escaped = [], 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == " " and text[i - 1 : i] == ",":
+            parts.append(text[start : i + 1])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 def block_name(block: str) -> str | None:

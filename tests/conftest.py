@@ -21,7 +21,10 @@ Contract:
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,9 +41,9 @@ from kvscope_testkit import (
 )
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "live", "browser", "model", "reliability")
+TIERS = ("unit", "live", "browser", "model", "reliability", "remote")  # remote: `make test-remote` only
 # A test that uses one of these fixtures needs that marker, whichever folder it sits in.
-NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "real_server"}}
+NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "real_engine_float32", "real_server"}}
 
 
 # ---- markers --------------------------------------------------------------------------------------
@@ -116,6 +119,9 @@ real_server = config_of("live_server", "default")
 slow_server = config_of("live_server", "fake:delay=30", env=slow_server_env())
 fake_engine = config_of("shared_engine", "fake")
 real_engine = config_of("shared_engine", "default")
+# The bundled model in float32: where a test needs bit-for-bit results that the quantized default
+# (int4/int8 weights on bf16 inputs) does not promise, e.g. batched tokens equal to lone ones.
+real_engine_float32 = config_of("shared_engine", "default", dtype="float32")
 
 
 @pytest.fixture
@@ -186,3 +192,19 @@ def figures():
         FIGURES_PATH.parent.mkdir(exist_ok=True)
         old = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}
         FIGURES_PATH.write_text(json.dumps({**old, **record}, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+class QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # no access log in the test output
+        pass
+
+
+@pytest.fixture(scope="session")
+def static_url():
+    """The repository over plain HTTP, for pure page modules tested without the app (ES modules do not
+    load from file://): e.g. page.goto(static_url + "/static/js/class/feed-state.js")."""
+    handler = functools.partial(QuietFiles, directory=str(Path(__file__).resolve().parents[1]))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()

@@ -3,8 +3,10 @@ import * as modelStatus from './model-status.js';
 import * as walkthrough from './walkthrough/index.js';
 import * as calculator from './calculator/index.js';
 import * as lab from './lab/index.js';
+import * as serving from './serving/index.js';
+import * as classFollow from './class-follow.js';
 
-const figures = { walkthrough, calculator, lab };
+const figures = { walkthrough, calculator, lab, serving, 'class-follow': classFollow };
 
 function mountAll() {
   modelStatus.mount(document.getElementById('model-status'));

@@ -4,10 +4,7 @@ events, and every stage's state depends on (stage, run) alone."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,17 +12,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 TOKENS = [e for e in TRACE["events"] if e["type"] == "token"]
-
-
-@pytest.fixture(scope="module")
-def static_url():
-    """The repository's static/ folder over HTTP (ES modules do not load from file://)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(ROOT))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 @pytest.fixture

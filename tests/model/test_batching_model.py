@@ -1,5 +1,5 @@
 """Continuous batching on the product's model (SmolLM2-135M-Instruct, CPU): requests that share
-engine steps get the same greedy tokens as when each runs alone, the paged pool's bytes follow the
+engine steps get the same greedy tokens as when each runs alone (in float32), the paged pool's bytes follow the
 formula at every step, and prefix caching skips computing a shared prompt prefix."""
 
 from __future__ import annotations
@@ -43,10 +43,14 @@ def run_together(engine, params_list) -> list[list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def alone_and_together(real_engine):
+def alone_and_together(real_engine_float32):
+    # float32: batching must not change a single greedy token. On the quantized CPU default (int4
+    # weights on bf16 inputs) and in bf16 on a GPU, a batch's last-bit differences can flip a near-tie
+    # (docs/performance.md measures how often), so exact equality is asked of float32 only.
+    engine = real_engine_float32
     params = [ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, MAX_NEW)]
-    alone = [[e.to_dict() for e in real_engine.submit(p, f"alone-{i}")] for i, p in enumerate(params)]
-    together = run_together(real_engine, params)
+    alone = [[e.to_dict() for e in engine.submit(p, f"alone-{i}")] for i, p in enumerate(params)]
+    together = run_together(engine, params)
     return alone, together
 
 
@@ -62,10 +66,10 @@ def test_eight_requests_batched_give_each_the_tokens_it_gets_alone(alone_and_tog
     assert max(sizes) >= 4 and all(e["batch_size"] == 1 for e in alone[0] if e["type"] == "token")
 
 
-def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_together, real_engine):
+def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_together, real_engine_float32):
     _, together = alone_and_together
-    per_block = real_engine.pool.bytes_per_block
-    assert per_block == 16 * real_engine.facts.kv_bytes_per_token  # 16 positions × 46,080 B
+    per_block = real_engine_float32.pool.bytes_per_block
+    assert per_block == 16 * real_engine_float32.facts.kv_bytes_per_token  # 16 positions × 46,080 B
     for events in together:
         prompt = events[0]["prompt_tokens"]
         tokens = [e for e in events if e["type"] == "token"]
@@ -76,9 +80,9 @@ def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_to
             assert t["kv_bytes_reserved"] == t["kv_blocks"] * per_block >= t["cache_bytes_measured"]
 
 
-def test_every_batched_request_gives_its_blocks_back(alone_and_together, real_engine):
-    assert real_engine.active == 0
-    assert real_engine.pool.usage().used == 0
+def test_every_batched_request_gives_its_blocks_back(alone_and_together, real_engine_float32):
+    assert real_engine_float32.active == 0
+    assert real_engine_float32.pool.usage().used == 0
 
 
 def test_prefix_caching_gives_the_same_text_and_skips_the_shared_prefix(real_engine):

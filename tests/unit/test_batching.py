@@ -463,10 +463,11 @@ def test_a_reading_subscriber_sees_admission_steps_and_the_end(engine_factory):
     feed = drain(engine, sub)
     key = handle.sequence.key
     mine = [e for e in feed if e.get("request") == key or any(r["request"] == key for r in e.get("batch", ()))]
-    assert [e["type"] for e in mine] == ["engine_admit"] + ["engine_step"] * 29 + ["engine_end"] + ["engine_step"]
-    admit, end = mine[0], mine[-2]
-    assert admit["label"] == end["label"] == "lab 1" and admit["resumed"] is False
-    assert admit["prompt_tokens"] == 55 + len(SECRET)
+    expected = ["engine_submit", "engine_admit"] + ["engine_step"] * 29 + ["engine_end"] + ["engine_step"]
+    assert [e["type"] for e in mine] == expected
+    submitted, admit, end = mine[0], mine[1], mine[-2]
+    assert submitted["label"] == admit["label"] == end["label"] == "lab 1" and admit["resumed"] is False
+    assert submitted["prompt_tokens"] == admit["prompt_tokens"] == 55 + len(SECRET)
     assert (end["outcome"], end["reason"], end["tokens"]) == ("finished", "max_tokens", 30)
     assert end["blocks_freed"] == len(rows(mine[-3], handle)[0]["blocks"]) > 0  # what it held in its last steps
     assert [rows(s, handle)[0]["kind"] for s in steps_of(mine)] == ["prefill"] + ["decode"] * 29

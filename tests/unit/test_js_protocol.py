@@ -199,6 +199,9 @@ def test_every_server_name_the_scripts_read_is_declared():
     before a rename must not vouch for the old name)."""
     declared = set(SPEC["common"]) | set(SPEC["candidate"]) | set(SPEC["model"]) | set(SPEC["budget"])
     declared |= set(SPEC["metrics"]) | {f for fields in SPEC["events"].values() for f in fields}
+    declared |= {f for fields in SPEC["feed"].values() for f in fields} | set(SPEC["batch_row"]) | set(SPEC["kv"])
+    for group in ("policy", "class_settings", "class_info", "experiments_list"):
+        declared |= set(SPEC[group])
     for data in (ROOT / "static/data").glob("*.json"):
         value = json.loads(data.read_text(encoding="utf-8"))
         if isinstance(value, dict) and value.get("format") == "kvscope-trace":
@@ -211,3 +214,56 @@ def test_every_server_name_the_scripts_read_is_declared():
             names = [m.group(1)] if m.group(1) else re.findall(r"\b([a-z][a-z0-9]*_[a-z0-9_]+)\s*:", m.group(2) or "")
             unknown += [f"{path.relative_to(ROOT)}: {n}" for n in names if n not in declared]
     assert unknown == [], "declare these in static/js/shared/protocol.js (or fix the name)"
+
+
+# ---- the engine feed and the class messages: built as dicts, so checked against the names the server uses -----
+
+FEED_SOURCES = ("model_runner/engine.py", "model_runner/kv_cache.py", "app/classroom.py", "app/session.py")
+
+
+def _server_names(relative: str) -> set[str]:
+    """Every string constant, keyword argument and annotated field name in a server module: the names
+    a dict or a dataclass built there can carry."""
+    names: set[str] = set()
+    for node in ast.walk(_tree(relative)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _dataclass_fields(relative: str, name: str) -> list[str]:
+    cls = next(n for n in ast.walk(_tree(relative)) if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+
+
+def test_the_feed_constants_name_every_feed_type_once():
+    block = re.search(r"export const FEED = Object\.freeze\(\{(.*?)\}\);", SOURCE, re.DOTALL)
+    assert block, "protocol.js must define `export const FEED = Object.freeze({...});`"
+    pairs = re.findall(r"([A-Z_]+):\s*'([a-z_]+)'", block.group(1))
+    assert sorted(value for _, value in pairs) == sorted(SPEC["feed"])
+    assert all(key == value.upper() for key, value in pairs)
+
+
+def test_every_feed_type_and_field_the_page_reads_is_one_the_server_sends():
+    server = set().union(*(_server_names(path) for path in FEED_SOURCES))
+    missing = [t for t in SPEC["feed"] if t not in server]
+    missing += [f"{t}.{f}" for t, fields in SPEC["feed"].items() for f in fields if f not in server]
+    missing += [f"batch_row.{f}" for f in SPEC["batch_row"] if f not in server]
+    missing += [f"kv.{f}" for f in SPEC["kv"] if f not in server]
+    assert missing == []
+
+
+def test_policy_and_class_settings_match_their_dataclasses():
+    assert SPEC["policy"] == _dataclass_fields("model_runner/scheduler.py", "Policy")
+    assert SPEC["class_settings"] == _dataclass_fields("app/classroom.py", "Settings")
+    assert set(SPEC["class_info"]) <= _server_names("app/classroom.py")
+    assert set(SPEC["experiments_list"]) <= _server_names("app/experiments.py")
+
+
+def test_every_feed_constant_used_exists():
+    used = {m.group(1) for p in SCRIPTS for m in re.finditer(r"\bFEED\.([A-Za-z_]+)", _code(p))}
+    assert used <= {t.upper() for t in SPEC["feed"]}

@@ -4,12 +4,17 @@
 import { lineChart } from '../charts/charts.js';
 import { html } from '../shared/dom.js';
 import { MISSING, formatInt as fmtInt, formatMs } from '../shared/format.js';
+import { EVENT } from '../shared/protocol.js';
 import { summarize, tokenSeries } from './metrics.js';
 import { describeStatus, isDone } from './run-state.js';
 
 const fmtMs = (v) => formatMs(v, { digits: 1 });
 // Quotes make leading spaces visible; newlines and tabs get a visible sign.
 export const showToken = (text) => `“${text.replace(/\n/g, '↵').replace(/\t/g, '⇥')}”`;
+
+// A remote engine (kvscope serve --engine) sends null for what a client cannot see inside the server.
+const NOT_VISIBLE = 'not visible from outside the server';
+const isRemote = (events) => events.some((e) => e.type === EVENT.TOKEN && e.kv_blocks === null);
 
 const CUT = { max_tokens: 'cut at max new tokens', context_full: 'cut: the context window is full', timeout: 'cut: time limit' };
 
@@ -105,13 +110,14 @@ export function createRunView(root, figure) {
 
   function renderMetrics() {
     const m = summarize(run.events);
-    setMetric('queue', fmtMs(m.queueMs));
+    const hidden = isRemote(run.events) ? NOT_VISIBLE : MISSING;
+    setMetric('queue', m.queueMs == null ? hidden : fmtMs(m.queueMs));
     setMetric('ttft', fmtMs(m.ttftMs));
     setMetric('tpot', fmtMs(m.tpotMs));
     setMetric('itl', m.itlP50 == null ? MISSING : `${m.itlP50.toFixed(1)} / ${m.itlP90.toFixed(1)} / ${m.itlP99.toFixed(1)} ms`);
     setMetric('e2e', fmtMs(m.e2eMs));
     setMetric('tps', m.decodeTokensPerS == null ? MISSING : `${m.decodeTokensPerS.toFixed(1)} tokens/s`);
-    setMetric('cache', m.cacheBytesMeasured == null ? MISSING
+    setMetric('cache', m.cacheBytesMeasured == null ? hidden
       : `${fmtInt(m.cacheBytesMeasured)} B measured vs ${fmtInt(m.cacheBytesFormula)} B formula `
         + `(${fmtInt(m.cacheTokens)} positions${m.cacheBytesMeasured === m.cacheBytesFormula ? ', equal' : ''})`);
     return m;

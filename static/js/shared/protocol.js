@@ -10,6 +10,10 @@
 // `model`, `budget` and `metrics` name the fields the page reads from /api/model's facts, from a
 // budget (the `accepted` event, /api/prompt) and from a terminal event's `metrics`: each must exist
 // on the server (model_runner/loader.py ModelFacts, prompt.py, metrics.py); the server may send more.
+// `feed` lists the fields of the engine feed's and the class's messages (built as dicts in
+// model_runner/engine.py and app/classroom.py), with `batch_row` and `kv` inside engine_step, and
+// `policy`, `class_settings`, `class_info` and `experiments_list` the fields of /api/engine's policy,
+// /api/class and GET /api/experiments.
 const SPEC = /* protocol-json */ {
   "schema": 1,
   "common": {"type": "str", "schema": "int", "request_id": "str", "t_ms": "num"},
@@ -34,10 +38,32 @@ const SPEC = /* protocol-json */ {
   "terminal": ["finished", "cancelled", "error"],
   "candidate": {"id": "int", "text": "str", "prob": "num"},
   "model": ["name", "device", "device_name", "dtype", "layers", "attention_heads", "kv_heads", "head_dim",
-            "bytes_per_element", "params", "context_window", "vocab_size", "weights_bytes", "kv_bytes_per_token"],
+            "bytes_per_element", "params", "context_window", "vocab_size", "weights_bytes", "kv_bytes_per_token",
+            "weights_dtype", "quantization", "kv_dtype", "dtype_route", "dtype_reason"],
   "budget": ["action", "prompt_tokens", "max_new_tokens", "requested_max_new_tokens", "context_window",
              "dropped_messages"],
-  "metrics": ["ttft_ms", "e2e_ms", "decode_tokens_per_s", "first_text_ms"]
+  "metrics": ["ttft_ms", "e2e_ms", "decode_tokens_per_s", "first_text_ms"],
+  "feed": {
+    "engine_snapshot": ["waiting", "running", "steps", "preemptions", "prefix_hit_tokens", "policy", "kv"],
+    "engine_step": ["step", "ms", "batch_tokens", "batch", "preempted", "prefix_hit_tokens", "kv", "waiting",
+                    "running"],
+    "engine_submit": ["request", "label", "prompt_tokens", "prompt"],
+    "engine_admit": ["request", "label", "prompt_tokens", "cached_tokens", "resumed", "waited_ms", "prompt"],
+    "engine_preempt": ["request", "label", "blocks_freed"],
+    "engine_end": ["request", "label", "outcome", "reason", "cause", "tokens", "blocks_freed", "answer"],
+    "engine_policy": ["policy"],
+    "class_state": ["laptops", "settings"],
+    "class_stats": ["waiting", "running", "finished", "cancelled", "errors", "tokens_per_s", "ttft_ms", "tpot_ms",
+                    "window_s", "feed_dropped"],
+    "class_notice": ["show_prompts"],
+    "class_stage": ["stage"]
+  },
+  "batch_row": ["request", "label", "kind", "tokens", "blocks", "shared_blocks"],
+  "kv": ["total", "used", "cached", "free", "block_size", "bytes_per_block"],
+  "policy": ["batching", "max_num_seqs", "max_batch_tokens", "chunked_prefill", "chunk_size", "prefix_caching"],
+  "class_settings": ["paused", "show_prompts", "per_laptop_cap", "rate_per_min", "follow_stage"],
+  "class_info": ["class_mode", "join_url", "teacher", "laptops", "settings", "policy"],
+  "experiments_list": ["busy", "experiments", "name", "title", "available", "why_unavailable"]
 } /* /protocol-json */;
 
 export const SCHEMA_VERSION = SPEC.schema;
@@ -60,6 +86,22 @@ export const EVENT = Object.freeze({
   FINISHED: 'finished',
   CANCELLED: 'cancelled',
   ERROR: 'error',
+});
+
+// The engine feed's and the class's message types (a `subscribe`d socket; docs/protocol.md "The engine
+// feed" and "Classroom mode"), compared the same way: `e.type === FEED.CLASS_STAGE`.
+export const FEED = Object.freeze({
+  ENGINE_SNAPSHOT: 'engine_snapshot',
+  ENGINE_STEP: 'engine_step',
+  ENGINE_SUBMIT: 'engine_submit',
+  ENGINE_ADMIT: 'engine_admit',
+  ENGINE_PREEMPT: 'engine_preempt',
+  ENGINE_END: 'engine_end',
+  ENGINE_POLICY: 'engine_policy',
+  CLASS_STATE: 'class_state',
+  CLASS_STATS: 'class_stats',
+  CLASS_NOTICE: 'class_notice',
+  CLASS_STAGE: 'class_stage',
 });
 
 export const EVENT_TYPES = Object.freeze(Object.keys(SPEC.events));

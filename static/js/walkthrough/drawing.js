@@ -139,7 +139,7 @@ export function createDrawing(figureEl) {
       : p.state === 'idle' ? 'model: idle' : 'model: prefill';
   }
 
-  function drawCache(state) {
+  function drawCache(state, run) {
     const c = state.cache;
     const geo = cacheColumns(c.capacity);
     const kids = sync(columns, c.columns, () => svgEl('rect'));
@@ -149,7 +149,7 @@ export function createDrawing(figureEl) {
         class: `wt-col ${i < c.promptColumns ? 'prompt' : 'gen'}${kids[i].classList.contains('is-new') ? ' is-new' : ''}` });
     }
     labels.cache.textContent = c.columns ? `KV cache: ${formatInt(c.columns)} positions × all layers · ${formatSize(c.bytes)}`
-      : 'KV cache: empty';
+      : run?.model?.engine === 'openai' ? 'KV cache: not visible from outside the server' : 'KV cache: empty';
   }
 
   function drawReadout(state, run) {
@@ -222,8 +222,11 @@ export function createDrawing(figureEl) {
     }
     const sum = (kind) => boxes.filter((b) => b.kind === kind).reduce((a, b) => a + b.ms, 0);
     const steps = boxes.filter((b) => b.kind === 'decode').length;
-    const parts = [['queue', `queue ${formatMs(sum('queue'))}`], ['prefill', `prefill ${formatMs(sum('prefill'))}`],
-      ['decode', `decode ${steps} steps, ${formatMs(sum('decode'))}`]];
+    // A remote engine (kvscope serve --engine) cannot see queue vs prefill: say so rather than draw 0 ms.
+    const split = boxes.some((b) => b.kind === 'queue' || b.kind === 'prefill') || run.model?.engine !== 'openai';
+    const parts = [...(split ? [['queue', `queue ${formatMs(sum('queue'))}`], ['prefill', `prefill ${formatMs(sum('prefill'))}`]]
+      : [['prefill', 'queue and prefill: not visible from outside the server']]),
+    ['decode', `decode ${steps} steps, ${formatMs(sum('decode'))}`]];
     for (const [kind, text] of parts) html('span', { cls: `wt-leg ${kind}`, text, parent: el.legend });
     html('span', { cls: `tag tag-${run.measured ? 'measured' : 'schematic'}`, text: run.measured ? 'measured' : 'schematic', parent: el.legend });
   }
@@ -251,7 +254,7 @@ export function createDrawing(figureEl) {
     drawTokens(state, run);
     drawQueue(state);
     drawModel(state, run);
-    drawCache(state);
+    drawCache(state, run);
     drawReadout(state, run);
     drawPanel(state, run);
     drawTimeline(state, run);

@@ -57,7 +57,11 @@ function setStage(i, { scroll = false, hash = false } = {}) {
   const index = clampStage(i);
   const changed = index !== ctx.index;
   ctx.index = index;
-  if (changed) render();
+  if (changed) {
+    render();
+    // For observers outside the figure (static/js/class-follow.js: the teacher's stage broadcast).
+    ctx.el.dispatchEvent(new CustomEvent('kvscope:stage', { bubbles: true, detail: { stage: STAGES[index].name } }));
+  }
   if (scroll) {
     ctx.anchored = true;
     scrollToStep(ctx.dom.steps[index]);
@@ -287,6 +291,8 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   listen(window, 'hashchange', () => { const i = stageFromHash(); if (i >= 0) jump(i); });
   listen(document, 'kvscope:model', (e) => updateRunButton(e.detail));
   listen(document, 'kvscope:replay-trace', onReplayTrace);
+  // A stage chosen from outside, by name (class-follow.js: a student following the teacher).
+  listen(document, 'kvscope:goto-stage', (e) => { const i = stageIndex(e.detail?.stage); if (i >= 0) jump(i); });
   figure.onDestroy(observeSteps(dom.steps, onScrolledTo));
 
   const linked = stageFromHash();

@@ -1,0 +1,66 @@
+// DOM pieces the chapter's figures share: a labelled value, a horizontal bar, a key/value list and a
+// small table. Every number goes in through textContent inside an element that names its provenance.
+import { html } from '../shared/dom.js';
+
+// A value with its provenance: <span data-provenance="measured">12.5 ms</span>.
+export function value(parent, text, provenance = 'measured', cls = 'sv-num') {
+  const node = html('span', { cls, text, parent });
+  node.dataset.provenance = provenance;
+  return node;
+}
+
+// A provenance tag as the rest of the page draws it.
+export function tag(parent, provenance) {
+  return html('span', { cls: `tag tag-${provenance}`, text: provenance, parent });
+}
+
+// One labelled horizontal bar: label, bar (width = fraction of the track), value text.
+export function barRow(parent, { label, fraction, text, cls = '', provenance = 'measured', data = {} }) {
+  const row = html('div', { cls: `sv-bar-row ${cls}`.trim(), parent });
+  // The label names a setting of the experiment (a batch size, a request), not a finding.
+  html('span', { cls: 'sv-bar-label', text: label, parent: row }).dataset.setting = '';
+  const track = html('span', { cls: 'sv-bar-track', parent: row });
+  const bar = html('span', { cls: 'sv-bar', parent: track });
+  bar.style.width = `${Math.max(0, Math.min(1, fraction)) * 100}%`;
+  bar.dataset.fraction = String(fraction);
+  for (const [k, v] of Object.entries(data)) bar.dataset[k] = String(v);
+  value(row, text, provenance, 'sv-bar-value');
+  return row;
+}
+
+// A definition list of readouts: [[term, text, provenance], …].
+export function readouts(parent, items, cls = 'sv-readouts') {
+  const dl = html('dl', { cls, parent });
+  for (const [term, text, provenance = 'measured', key] of items) {
+    const wrap = html('div', { parent: dl });
+    html('dt', { text: term, parent: wrap });
+    const dd = html('dd', { parent: wrap });
+    const v = value(dd, text, provenance);
+    if (key) v.dataset.key = key;
+  }
+  return dl;
+}
+
+// A small table: header cells, then rows of [text, provenance] pairs (or plain text for labels).
+export function table(parent, { caption, head, rows, cls = 'sv-table' }) {
+  const t = html('table', { cls, parent });
+  if (caption) html('caption', { text: caption, parent: t });
+  const hr = html('tr', { parent: html('thead', { parent: t }) });
+  for (const h of head) html('th', { text: h, parent: hr }).setAttribute('scope', 'col');
+  const body = html('tbody', { parent: t });
+  for (const row of rows) {
+    const tr = html('tr', { parent: body });
+    row.forEach((cell, i) => {
+      const td = html(i === 0 ? 'th' : 'td', { parent: tr });
+      if (i === 0) { td.setAttribute('scope', 'row'); td.dataset.setting = ''; } // a row's name, not a finding
+      if (Array.isArray(cell)) value(td, cell[0], cell[1]);
+      else td.textContent = cell;
+      if (head[i]) td.dataset.label = head[i];
+    });
+  }
+  return t;
+}
+
+export function clear(el) {
+  el.replaceChildren();
+}

@@ -1,0 +1,105 @@
+// Stage 1 figure: step time, per-user and aggregate tokens per second at batch 1..16 (bars), and a
+// roofline of the machine with the live prefill and decode points placed by arithmetic intensity.
+import { html, svgEl } from '../shared/dom.js';
+import { formatFixed, formatInt, formatMs } from '../shared/format.js';
+import { barRow, clear, value } from './view.js';
+import { decades, logScale, ridge, roof, share } from './math.js';
+
+const W = 420;
+const H = 240;
+const M = { top: 14, right: 16, bottom: 40, left: 56 };
+
+function sci(v) {
+  if (!Number.isFinite(v)) return '–';
+  const e = Math.floor(Math.log10(v));
+  return `${formatFixed(v / 10 ** e, 1)}e${e}`;
+}
+
+function bars(parent, points) {
+  const agg = points.map((p) => p.aggregate_tps);
+  const per = points.map((p) => p.per_user_tps);
+  const box = html('div', { cls: 'sv-bars', parent });
+  html('p', { cls: 'sv-sub', text: 'Aggregate tokens per second (all users together)', parent: box });
+  for (const p of points) {
+    barRow(box, { label: `batch ${p.batch}`, fraction: share(p.aggregate_tps, agg), text: `${formatFixed(p.aggregate_tps, 1)} tok/s`,
+      cls: 'sv-agg', data: { batch: p.batch, value: p.aggregate_tps } });
+  }
+  html('p', { cls: 'sv-sub', text: 'Per-user tokens per second, and the step time behind it', parent: box });
+  for (const p of points) {
+    const row = barRow(box, { label: `batch ${p.batch}`, fraction: share(p.per_user_tps, per),
+      text: `${formatFixed(p.per_user_tps, 1)} tok/s`, cls: 'sv-per', data: { batch: p.batch, value: p.per_user_tps } });
+    value(row, formatMs(p.step_ms), 'measured', 'sv-bar-note');
+  }
+}
+
+function rooflineSvg(parent, rl) {
+  const pts = rl.points || [];
+  const ridgeI = Number.isFinite(rl.ridge_intensity) ? rl.ridge_intensity : ridge(rl);
+  const xs = decades([...pts.map((p) => p.intensity), ridgeI / 10, ridgeI * 10]);
+  const ys = decades([...pts.map((p) => p.flops_s), rl.peak_flops_s * 1.5, roof(xs[0], rl)]);
+  const x = logScale(xs, [M.left, W - M.right]);
+  const y = logScale(ys, [H - M.bottom, M.top]);
+  const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-roofline', role: 'img',
+    'aria-label': 'Roofline of this machine: attainable FLOP/s against arithmetic intensity, log scales' }, { parent });
+  for (let d = xs[0]; d <= xs[1] * 1.001; d *= 10) {
+    svgEl('line', { x1: x(d), x2: x(d), y1: M.top, y2: H - M.bottom, class: 'sv-grid' }, { parent: svg });
+    svgEl('text', { x: x(d), y: H - M.bottom + 14, class: 'sv-axis', 'text-anchor': 'middle', 'data-provenance': 'computed' },
+      { text: sci(d), parent: svg });
+  }
+  for (let d = ys[0]; d <= ys[1] * 1.001; d *= 10) {
+    svgEl('line', { x1: M.left, x2: W - M.right, y1: y(d), y2: y(d), class: 'sv-grid' }, { parent: svg });
+    svgEl('text', { x: M.left - 4, y: y(d) + 3, class: 'sv-axis', 'text-anchor': 'end', 'data-provenance': 'computed' },
+      { text: sci(d), parent: svg });
+  }
+  svgEl('text', { x: (M.left + W - M.right) / 2, y: H - 6, class: 'sv-axis-title', 'text-anchor': 'middle' },
+    { text: 'arithmetic intensity (FLOP per byte moved)', parent: svg });
+  svgEl('text', { x: 12, y: (M.top + H - M.bottom) / 2, class: 'sv-axis-title', 'text-anchor': 'middle',
+    transform: `rotate(-90 12 ${(M.top + H - M.bottom) / 2})` }, { text: 'FLOP/s', parent: svg });
+  const line = [xs[0], ridgeI, xs[1]].map((i) => `${x(i)},${y(roof(i, rl))}`).join(' ');
+  svgEl('polyline', { points: line, class: 'sv-roof' }, { parent: svg });
+  svgEl('line', { x1: x(ridgeI), x2: x(ridgeI), y1: y(roof(ridgeI, rl)), y2: H - M.bottom, class: 'sv-ridge' }, { parent: svg });
+  const batches = pts.filter((p) => p.phase === 'decode').map((p) => p.batch);
+  const labelled = new Set([Math.min(...batches), Math.max(...batches)]); // the ends; between them labels would collide
+  for (const p of pts) {
+    const g = svgEl('g', { class: `sv-rpoint sv-${p.phase}`, 'data-phase': p.phase, 'data-intensity': p.intensity,
+      'data-flops': p.flops_s, transform: `translate(${x(p.intensity)} ${y(p.flops_s)})` }, { parent: svg });
+    svgEl('circle', { r: 5 }, { parent: g });
+    svgEl('title', {}, { text: p.phase === 'prefill' ? `prefill, ${p.tokens} tokens` : `decode, batch ${p.batch}`, parent: g });
+    if (p.phase === 'decode' && !labelled.has(p.batch)) continue;
+    const label = p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`;
+    // A label near the right edge reads leftwards, so it stays inside the drawing.
+    const right = x(p.intensity) > W * 0.7;
+    svgEl('text', { x: right ? -7 : 7, y: 14, class: 'sv-rlabel',
+      'text-anchor': right ? 'end' : 'start', 'data-provenance': 'measured' }, { text: label, parent: g });
+  }
+  return svg;
+}
+
+function rooflineNotes(parent, rl) {
+  const p = html('p', { cls: 'sv-note', parent });
+  p.append('Roof: peak ');
+  value(p, `${sci(rl.peak_flops_s)} FLOP/s`, 'measured');
+  p.append(', memory bandwidth ');
+  value(p, `${sci(rl.bandwidth_bytes_s)} B/s`, 'measured');
+  p.append('; the ridge, where the two limits meet, sits at ');
+  value(p, `${formatFixed(rl.ridge_intensity ?? ridge(rl), 1)} FLOP/B`, 'computed');
+  p.append(' (peak ÷ bandwidth). Left of it memory sets the speed; right of it arithmetic does.');
+  if (rl.basis) html('p', { cls: 'sv-note', text: `How: ${rl.basis}.`, parent });
+}
+
+export function mount(el) {
+  return {
+    show(response) {
+      clear(el);
+      const { points, roofline } = response.result;
+      bars(el, points);
+      if (roofline) {
+        const box = html('div', { cls: 'sv-roofbox', parent: el });
+        rooflineSvg(box, roofline);
+        rooflineNotes(box, roofline);
+      }
+    },
+    clear() { clear(el); },
+    destroy() { clear(el); },
+  };
+}

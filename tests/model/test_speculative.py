@@ -1,0 +1,54 @@
+"""Speculative decoding on the product's model (SmolLM2-135M-Instruct, CPU): with prompt-lookup
+proposals verified in one forward each, the greedy output is token for token what plain greedy
+decoding gives (the bench's bare loop, an independent implementation), and every produced token is
+either an accepted proposal or the model's own bonus token. In float32: see `loaded` for why."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope_testkit import ask
+
+from bench.baselines import bare_greedy_loop
+from model_runner.lab_experiments import PASSAGE
+from model_runner.prompt import plan
+from model_runner.speculative import PromptLookup, speculative_greedy
+
+MAX_NEW = 24
+PROMPTS = {
+    "rewrite": f"Rewrite this passage, keeping every sentence but replacing 'token' with 'word':\n\n{PASSAGE}",
+    "repeat": f"Repeat this passage word for word:\n\n{PASSAGE}",
+    "open": "Tell me a short story about a lighthouse keeper.",
+    "list": "List the days of the week, one per line.",
+}
+
+
+@pytest.fixture(scope="module")
+def loaded(shared_engine):
+    """The model in float32. On the int8 route (`--dtype auto` on an AVX CPU) the linear layers take
+    bfloat16 activations, so logits come in steps of 1/16 around 15: near-ties are common, and a
+    (k+1)-token forward rounds them differently from a 1-token forward, which can flip a tie — a
+    property of that arithmetic, not of speculation, so the equality is checked in float32."""
+    return shared_engine("default", dtype="float32").loaded
+
+
+def ids_of(loaded, prompt: str) -> list[int]:
+    return plan(loaded.tokenizer, ask(prompt, max_new_tokens=MAX_NEW), loaded.facts.context_window).ids
+
+
+@pytest.mark.parametrize("kind", list(PROMPTS))
+def test_speculative_output_is_plain_greedy_output(loaded, kind):
+    ids = ids_of(loaded, PROMPTS[kind])
+    eos = loaded.tokenizer.eos_ids
+    plain = bare_greedy_loop(loaded.model, ids, MAX_NEW, eos)
+    spec = speculative_greedy(loaded.model, ids, MAX_NEW, eos, PromptLookup(), k=4)
+    assert spec.token_ids == plain.token_ids
+    assert sum(s.accepted for s in spec.steps) + sum(s.bonus is not None for s in spec.steps) == len(spec.token_ids)
+    assert all(s.accepted + s.rejected == len(s.proposed) for s in spec.steps)
+
+
+def test_copying_a_passage_accepts_proposals(loaded):
+    """Where the answer repeats the prompt, lookup proposals are right and whole steps are saved."""
+    ids = ids_of(loaded, PROMPTS["repeat"])
+    spec = speculative_greedy(loaded.model, ids, MAX_NEW, loaded.tokenizer.eos_ids, PromptLookup(), k=4)
+    assert spec.accepted > 0
+    assert len(spec.steps) < len(spec.token_ids)

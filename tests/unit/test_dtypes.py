@@ -1,0 +1,192 @@
+"""Every --dtype route on the test model: what loads, what /api/model-style facts say runs, that the
+KV live check (measured bytes == formula bytes) holds and the scripted answer is unchanged; the int8
+layer against its dequantized reference; how `auto` picks from the CPU; `kvscope bench --dtypes`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from kvscope_testkit import ask, events_of
+from torch import nn
+
+from bench import dtypes as bench_dtypes
+from model_runner import loader
+from model_runner.errors import UserError
+from model_runner.fake import ANSWER
+from model_runner.quantize import (
+    HalfLinear,
+    Int4Linear,
+    Int8Linear,
+    quantize_int4,
+    quantize_int8,
+    weight_count_and_bytes,
+)
+
+ROUTES = {  # --dtype → (weights dtype, KV dtype, bytes per KV element, quantized)
+    "float32": ("float32", "float32", 4, False),
+    "bfloat16": ("bfloat16", "bfloat16", 2, False),
+    "float16": ("float16", "float16", 2, False),
+    "int8": ("int8", "float32", 4, True),
+    "int4": ("int4", "float32", 4, True),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(ROUTES))
+def test_each_route_says_exactly_what_runs(dtype):
+    weights, kv, element, quantized = ROUTES[dtype]
+    facts = loader.load("fake", dtype=dtype).facts
+    assert (facts.weights_dtype, facts.kv_dtype, facts.bytes_per_element) == (weights, kv, element)
+    assert facts.dtype_route == dtype and facts.dtype_reason == f"--dtype {dtype}"
+    assert (facts.quantization != "none") == quantized
+    assert facts.kv_bytes_per_token == 2 * facts.layers * facts.kv_heads * facts.head_dim * element
+    assert facts.to_dict()["quantization"] == facts.quantization  # what /api/model sends
+
+
+def test_int4_keeps_the_parameter_count_with_a_float16_head():
+    f32, int4 = loader.load("fake", dtype="float32").facts, loader.load("fake", dtype="int4").facts
+    assert int4.params == f32.params
+    model = loader.load("fake", dtype="int4").model.base
+    assert isinstance(model.lm_head, HalfLinear) and model.model.embed_tokens.weight.dtype == torch.float32
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == 2 * 7 and not [m for m in model.modules() if isinstance(m, nn.Linear)]
+    floats = sum(p.numel() * 4 for p in model.parameters())
+    packed = sum(m.weight.numel() + 2 * m.scales_zeros.numel() for m in layers)
+    assert int4.weights_bytes == floats + packed + 2 * model.lm_head.weight.numel()
+
+
+def test_int4_recovers_q4_1_weights_exactly():
+    """Weights made the way llama.cpp's Q4_1 makes them (per 32: d = (max - min) / 15, q in 0..15) come
+    back exactly: the int4 layer's output equals the same weights in float (up to bf16 scales)."""
+    torch.manual_seed(1)
+    q = torch.randint(0, 16, (48, 64, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15  # Q4_1: the group's min and max sit at 0 and 15
+    step = torch.rand(48, 64, 1).bfloat16().float() / 10  # representable scales, so only rounding of m+8d is left
+    low = -8 * step  # zero = m + 8d = 0 exactly
+    weight = (q * step + low).reshape(48, 2048)
+    layer = Int4Linear(weight)
+    x = torch.randn(2, 2048).bfloat16().float()
+    assert torch.allclose(layer(x), x @ weight.T, rtol=1e-2, atol=1e-1)
+    approx = Int8Linear(weight)
+    assert (layer(x) - x @ weight.T).abs().max() < (approx(x) - x @ weight.T).abs().max()
+
+
+def test_int8_keeps_the_parameter_count_and_stores_fewer_bytes():
+    f32, int8 = loader.load("fake", dtype="float32").facts, loader.load("fake", dtype="int8").facts
+    assert int8.params == f32.params  # the untied int8 head is a copy of the embedding, not more weights
+    model = loader.load("fake", dtype="int8").model.base
+    assert isinstance(model.lm_head, Int8Linear) and model.model.embed_tokens.weight.dtype == torch.float32
+    assert not [m for m in model.modules() if isinstance(m, nn.Linear)]  # every layer of the fake's width
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    floats = sum(p.numel() * 4 for p in model.parameters())  # embedding and norms
+    assert int8.weights_bytes == floats + sum(m.weight.numel() + 2 * m.scales.numel() for m in layers)
+    assert int8.weights_bytes < f32.weights_bytes * 0.75
+
+
+@pytest.mark.parametrize("dtype", ["auto", *sorted(ROUTES)])
+def test_every_route_serves_the_scripted_answer_with_the_live_kv_check(engine_factory, one_torch_thread, dtype):
+    engine = engine_factory(model="fake", dtype=dtype)
+    events = events_of(engine.submit(ask(max_new_tokens=24)))
+    assert events[-1]["type"] == "finished"
+    assert events[-1]["text"] == ANSWER.encode()[:24].decode()
+    tokens = [e for e in events if e["type"] == "token"]
+    assert tokens and all(t["cache_bytes_measured"] == t["cache_bytes_formula"] for t in tokens)
+    assert engine.pool.measured_bytes(1) == engine.facts.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("in_features", [16, 48, 576])
+def test_int8_linear_matches_its_dequantized_weights(in_features):
+    torch.manual_seed(in_features)
+    dense = nn.Linear(in_features, 40, bias=True)
+    layer = Int8Linear(dense.weight, dense.bias)
+    x = torch.randn(3, 5, in_features)  # any leading shape
+    dequantized = layer.weight.float() * layer.scales.float()[:, None]
+    reference = x.to(torch.bfloat16).float() @ dequantized.T + dense.bias
+    got = layer(x)
+    assert got.shape == (3, 5, 40) and got.dtype == torch.float32
+    assert torch.allclose(got, reference, atol=0.05, rtol=0.02)
+    error = (dequantized - dense.weight).abs().max(dim=1).values  # per row, half a step at most
+    assert torch.all(error <= layer.scales.float() * 0.5 + 1e-6)
+
+
+def test_widths_the_kernels_cannot_take_stay_float():
+    model = nn.Sequential(nn.Linear(64, 24), nn.Linear(32, 16))  # int4: 24 outputs are not sixteens
+    model.config = argparse.Namespace(tie_word_embeddings=False)
+    assert quantize_int4(model) == 1
+    assert type(model[0]) is nn.Linear and isinstance(model[1], Int4Linear)
+    model = nn.Sequential(nn.Linear(32, 24), nn.Linear(24, 16))  # int8: 24 inputs are not sixteens
+    model.config = argparse.Namespace(tie_word_embeddings=False)
+    assert quantize_int8(model) == 1
+    assert isinstance(model[0], Int8Linear) and type(model[1]) is nn.Linear
+    params, size = weight_count_and_bytes(model)
+    assert params == 32 * 24 + 24 + 24 * 16 + 16
+    assert size == 32 * 24 + 24 * 2 + 24 * 4 + (24 * 16 + 16) * 4  # int8, bf16 scales, float bias, float layer
+
+
+@pytest.mark.parametrize(
+    ("capability", "route"), [("AVX512", "int4"), ("AVX2", "int8"), ("DEFAULT", "float32"), ("SVE256", "float32")]
+)
+def test_auto_on_a_cpu_picks_by_the_cpus_vector_capability(monkeypatch, capability, route):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    chosen = loader.resolve_route("auto", torch.device("cpu"))
+    assert chosen.name == route and chosen.quant == ("" if route == "float32" else route)
+    assert capability in chosen.reason
+    assert chosen.compute == torch.float32  # either way the KV cache stays float32
+    other = loader.resolve_route("auto", torch.device("cpu"), bundled=False)  # a --model of float weights
+    assert other.name == "float32" and not other.quant
+
+
+def test_bad_and_misplaced_dtypes_are_refused_naming_the_field():
+    with pytest.raises(UserError, match=r"--dtype must be auto, float32, bfloat16 or float16 \(or int4 or int8") as bad:
+        loader.resolve_route("float8", torch.device("cpu"))
+    assert bad.value.field == "dtype"
+    with pytest.raises(UserError, match="--dtype int8 is a CPU route") as gpu:
+        loader.resolve_route("int8", torch.device("cuda"))
+    assert gpu.value.field == "dtype"
+    with pytest.raises(UserError, match="--dtypes takes two or more different values"):
+        bench_dtypes.parse_routes("float32")
+    with pytest.raises(UserError, match="got 'float32,fp4'"):
+        bench_dtypes.parse_routes("float32,fp4")
+
+
+def test_agreement_counts_identical_answers_and_first_differences():
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9], None]
+    got = [[1, 2, 3, 4], [5, 6, 0, 8], [9, 9, 9], [1]]
+    a = bench_dtypes.agreement(got, reference)
+    assert (a["identical"], a["compared"], a["identical_share"]) == (1, 3, round(1 / 3, 4))
+    assert a["first_diff"] == [{"request": 1, "token": 2}, {"request": 2, "token": 2}]
+    assert a["tokens_before_divergence_share"] == round((4 + 2 + 2) / 10, 4)
+
+
+def test_bench_dtypes_runs_both_routes_in_one_run(tmp_path, capsys, one_torch_thread):
+    out = tmp_path / "dtypes.json"
+    args = argparse.Namespace(
+        dtypes="float32,int8", model="fake", device="auto", prompt_lens=(24,), output_lens=(6,), concurrency=(2,),
+        repeats=1, json=str(out), via_websocket=None, batching=False, class_scenario=False, quick=False,
+    )  # fmt: skip
+    assert bench_dtypes.run_dtypes(args) == 0
+    report = json.loads(out.read_text())
+    rows = report["routes"]
+    assert list(rows) == ["float32", "int8"] and report["settings"]["quality_prompts"] >= 20
+    assert rows["int8"]["facts"]["weights_dtype"] == "int8"
+    assert rows["int8"]["measured_kv_bytes_per_token"] == rows["int8"]["facts"]["kv_bytes_per_token"]
+    assert rows["int8"]["agreement"]["identical_share"] == 1.0  # the test model's answer is scripted
+    for key in ("lone_int8_over_float32", "batched_int8_over_float32"):
+        assert report["ratios"][key]["value"] > 0 and report["ratios"][key]["target"] is not None
+    printed = capsys.readouterr().out
+    assert "lone client: decode tokens/s, int8 / float32" in printed and "identical" in printed
+
+
+def test_serve_s_preflight_on_cuda_leaves_cuda_uninitialised_for_gunicorn_s_fork(monkeypatch):
+    # Asking the GPU about bf16 starts CUDA in the parent; gunicorn's forked worker then cannot load
+    # the model ("Cannot re-initialize CUDA in forked subprocess"), as seen on an H200.
+    def starts_cuda():
+        raise AssertionError("preflight started CUDA before the fork")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", starts_cuda)
+    loader.preflight("default", "cuda", "auto")
+    with pytest.raises(UserError, match="--dtype int8 is a CPU route"):  # a named dtype is still checked
+        loader.preflight("default", "cuda", "int8")
