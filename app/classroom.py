@@ -161,6 +161,10 @@ class Room:
             old, self.settings = self.settings, new
             if "paused" in changes:
                 pause(new.paused)
+        if old.show_prompts and not new.show_prompts:
+            withdraw = getattr(self.engine, "withdraw_feed_text", None)
+            if withdraw is not None:
+                withdraw()
         if new.show_prompts != old.show_prompts:
             with self._lock:
                 seats = list(self._seats)
@@ -331,10 +335,13 @@ class Seat:
             laptop.inflight += 1
         return {"feed_text": True} if settings.show_prompts else {}
 
-    def request_ended(self) -> None:
-        """One of this laptop's requests ended (or was never submitted after `submit_options`)."""
+    def request_ended(self, refused: bool = False) -> None:
+        """One of this laptop's requests ended, or (`refused`) the engine refused it after
+        `submit_options`: then it does not count against the rate limit either."""
         with self.room._lock:
             self.laptop.inflight = max(0, self.laptop.inflight - 1)
+            if refused and self.laptop.sent_at:
+                self.laptop.sent_at.pop()
 
     def follow(self, on: bool) -> None:
         self.following = on

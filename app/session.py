@@ -155,7 +155,7 @@ class Session:
             handle = self.engine.submit(params, rid, label=self.label, **extra)
         except Exception as exc:
             if seated:
-                self.seat.request_ended()
+                self.seat.request_ended(refused=True)
             if not isinstance(exc, UserError):
                 log.exception("ws %s: submitting request %s failed", self.peer, rid)
                 exc = UserError("the server failed to start this request", code="internal")

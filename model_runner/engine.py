@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -226,6 +227,26 @@ class Engine:
     @property
     def paused(self) -> bool:
         return self.scheduler.paused
+
+    @contextmanager
+    def admissions_held(self):
+        """Nothing is admitted inside this block, so requests queued in it are first seen together (an
+        experiment's batch); unlike the teacher's pause it can neither undo nor be undone by that."""
+        with self._lock:
+            self.scheduler.held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.scheduler.held -= 1
+                self._wake.notify_all()
+
+    def withdraw_feed_text(self) -> None:
+        """The teacher turned "show prompts" off: requests still queued or running stop carrying their
+        prompt and answer text in the feed from now on (their flag was fixed when they were sent)."""
+        with self._lock:
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                seq.feed_text = False
 
     def cancel_all(self, cause: str) -> int:
         """Cancel every queued and running request (each ends with one `cancelled` event with this

@@ -6,7 +6,7 @@ set for its duration and restored after; callers check permission and hold the o
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -105,17 +105,11 @@ class Job:
     def submit_together(self, payloads: dict[str, dict]) -> None:
         """Queue requests so that the scheduler first sees them all at once (the first would otherwise
         be admitted alone while the rest are still being submitted): admissions are held meanwhile,
-        with the engine's pause where it has one."""
-        pause = getattr(self.engine, "set_paused", None)
-        was = getattr(self.engine, "paused", False)
-        if pause is not None:
-            pause(True)
-        try:
+        with the engine's `admissions_held` where it has one (never the teacher's pause)."""
+        hold = getattr(self.engine, "admissions_held", None)
+        with hold() if hold is not None else nullcontext():
             for name, payload in payloads.items():
                 self.submit(name, payload)
-        finally:
-            if pause is not None:
-                pause(was)
 
     def pump(self, until: Callable[[], bool]) -> None:
         """Read the feed until `until()` holds; cancel everything and fail past the deadline."""

@@ -189,7 +189,10 @@ class RemoteEngine:
         view = plan(self.tokenizer, params, self._facts.context_window).to_dict()
         return {**view, "provenance": "computed with the local tokenizer from --engine-config"}
 
-    def submit(self, params: GenerateParams, request_id: str | None = None, label: str = "") -> RequestHandle:
+    def submit(
+        self, params: GenerateParams, request_id: str | None = None, label: str = "", feed_text: bool | None = None
+    ) -> RequestHandle:
+        """`feed_text` is accepted for the class view's sake and has no effect: this feed carries no text."""
         """Start a request on the remote server; UserError when it cannot be (not ready, a field the
         remote cannot honour, too many in flight)."""
         self.describe_ready()
@@ -442,6 +445,14 @@ class RemoteEngine:
         if exc.code == "cancelled":
             return  # the cancel has ended it already
         self._end(req, ev.Error(req.seq.id, req.seq.ms_since_submit(), exc.code, exc.message, exc.field))
+
+    def cancel_all(self, cause: str) -> int:
+        """Cancel every request in flight (the class view's cancel-all); returns how many."""
+        with self._lock:
+            requests = list(self._active.values())
+        for req in requests:
+            self._cancel(req.seq, cause)
+        return len(requests)
 
     def _cancel(self, seq: Sequence, cause: str) -> None:
         """From any thread: end the request now and close its upstream stream (the server cancels)."""

@@ -32,6 +32,11 @@ def parse_url(spec: str) -> tuple[str, str]:
         raise UserError(
             f"--engine must be openai:http://HOST:PORT (an OpenAI-compatible server), got {spec!r}", field="engine"
         )
+    if parts.username or parts.password:  # the address is shown on the page and in errors: no secret in it
+        raise UserError(
+            "--engine must not carry a user or password in its URL; pass the server's key in KVSCOPE_ENGINE_API_KEY",
+            field="engine",
+        )
     path = parts.path.rstrip("/")
     path = path if path.endswith("/v1") else path + "/v1"
     return f"{parts.scheme}://{parts.netloc}", path

@@ -98,6 +98,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.wait_reason: dict[Sequence, str] = {}
         self.paused = False  # admissions held (the class view's pause): requests queue, none is admitted
+        self.held = 0  # admissions also held while > 0 (Engine.admissions_held: an experiment queuing its batch)
 
     # ---- arrivals and endings -----------------------------------------------------------------------
 
@@ -207,9 +208,10 @@ class Scheduler:
         have room; the first that cannot be admitted keeps everyone behind it waiting. A request is
         admitted only when the pool can hold its whole prompt now, so chunked prefill does not admit
         requests that would preempt each other chunk by chunk."""
-        if self.paused:
-            for behind in self.waiting:
-                self.wait_reason[behind] = WAIT_PAUSED
+        if self.paused or self.held:
+            if self.paused:
+                for behind in self.waiting:
+                    self.wait_reason[behind] = WAIT_PAUSED
             return
         static_closed = self.policy.batching == "static" and not was_empty
         preempted_now = {seq for seq, _ in plan.preempted}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 from kvscope_testkit import ask as gen
@@ -509,3 +510,20 @@ def test_a_request_without_kv_cache_runs_in_the_same_steps_as_cached_ones(engine
     assert all(t["cache_tokens"] == 0 for t in only(uncached_events, "token"))
     assert cached_events[-1]["text"] == uncached_events[-1]["text"] == ANSWER[:30]
     assert used_blocks(engine) == 0
+
+
+def test_an_experiment_s_hold_neither_undoes_nor_is_undone_by_the_teacher_s_pause(engine_factory):
+    engine = engine_factory("fake")
+    engine.set_paused(True)
+    with engine.admissions_held():
+        engine.set_paused(False)  # the teacher resumes while an experiment queues its batch
+        handle = engine.submit(gen("held", max_new_tokens=2), "h")
+        time.sleep(0.2)
+        assert handle.sequence.state.value == "queued"  # still held by the experiment
+    assert engine.paused is False
+    assert events_of(handle)[-1]["type"] == "finished"  # admitted once the hold ends
+    engine.set_paused(True)
+    with engine.admissions_held():
+        pass
+    assert engine.paused is True  # the hold's end does not resume a paused class
+    engine.set_paused(False)

@@ -339,6 +339,44 @@ def test_pages_give_a_browser_a_laptop_cookie_only_in_class_mode(fake_engine):
 # ---- show prompts ----------------------------------------------------------------------------------------
 
 
+def test_turning_show_prompts_off_withdraws_the_text_of_requests_still_in_flight(engine_factory, laptops):
+    # Sent while "show prompts" was on, admitted after it was turned off (the class was paused):
+    # nothing of its text may reach the feed from then on.
+    engine = engine_factory("fake")
+    app = class_app(engine)
+    teacher = app.test_client()
+    teacher.post("/api/class/settings", json={"show_prompts": True, "paused": True}, headers=TEACHER)
+    feed = engine.feed.subscribe(capacity=100_000)
+    laptop = laptops(app, engine)
+    laptop.generate("held", content="secret held", max_new_tokens=3)
+    laptop.ws.wait_for(lambda s: any(e["type"] == "queued" for e in s), "held queued")
+    teacher.post("/api/class/settings", json={"show_prompts": False, "paused": False}, headers=TEACHER)
+    assert laptop.ws.end_of("held")["type"] == "finished"
+    events = list(iter(lambda: feed.next_event(0), None))
+    feed.close()
+    submitted = [e for e in events if e["type"] == "engine_submit"]
+    assert len(submitted) == 1 and submitted[0]["prompt"] == "secret held"  # sent while it was on
+    later = [e for e in events if e["type"] in ("engine_admit", "engine_end")]
+    assert len(later) == 2 and not any("secret held" in json.dumps(e) or "answer" in e for e in later)
+
+
+def test_a_request_the_engine_refuses_does_not_use_up_the_rate_limit(engine_factory, laptops):
+    engine = engine_factory("fake", max_queue=1, policy=Policy(max_num_seqs=1))
+    app = class_app(engine)
+    app.test_client().post("/api/class/settings", json={"rate_per_min": 2}, headers=TEACHER)
+    first, second = laptops(app, engine, laptop_id="a"), laptops(app, engine, laptop_id="b")
+    engine.set_paused(True)  # the queue stays full while the other laptop asks
+    first.generate("fills-the-queue", max_new_tokens=2)
+    first.ws.wait_for(lambda s: any(e["type"] == "queued" for e in s), "queued")
+    second.generate("refused", max_new_tokens=2)
+    assert second.ws.end_of("refused")["code"] == "overloaded"
+    engine.set_paused(False)
+    assert first.ws.end_of("fills-the-queue")["type"] == "finished"
+    for rid in ("one", "two"):  # both of its two requests a minute are still there
+        second.generate(rid, max_new_tokens=2)
+        assert second.ws.end_of(rid)["type"] == "finished"
+
+
 def test_prompt_text_reaches_the_feed_only_for_requests_sent_while_show_prompts_was_on(engine_factory, laptops):
     engine = engine_factory("fake")
     app = class_app(engine)

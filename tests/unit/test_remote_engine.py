@@ -16,6 +16,7 @@ from kvscope_testkit import ask, events_of, free_port, terminals, wait_until
 from model_runner.errors import UserError
 from model_runner.remote import RemoteConfig, RemoteEngine
 from model_runner.remote_facts import parse_metrics
+from model_runner.remote_http import parse_url
 
 WORDS = ["Caches", " keep", " keys", " and", " values", "."]
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -294,3 +295,22 @@ def test_top_logprobs_zero_asks_for_none(remote):
         assert "logprobs" not in remote.bodies[-1] and "top_logprobs" not in remote.bodies[-1]
     finally:
         engine.shutdown()
+
+
+def test_the_class_view_s_cancel_all_and_feed_text_work_on_a_remote_engine(engine, remote):
+    # A class on a remote engine: "show prompts" passes feed_text (the remote feed has no text to add),
+    # and the teacher's cancel-all ends every request with one terminal event and closes its stream.
+    remote.delay = 0.3
+    handles = [engine.submit(ask("hi"), f"r{i}", label=f"laptop {i}", feed_text=True) for i in range(2)]
+    wait_until(lambda: len(remote.bodies) == 2, "both requests upstream")
+    assert engine.cancel_all("teacher") == 2
+    for handle in handles:
+        end = one_terminal(events_of(handle, timeout=5))
+        assert end["type"] == "cancelled" and end["cause"] == "teacher"
+    assert engine.active == 0 and remote.closed_by_client.wait(5)
+
+
+def test_an_engine_url_with_a_password_is_refused_so_it_never_reaches_the_page():
+    with pytest.raises(UserError, match="must not carry a user or password") as refused:
+        parse_url("openai:http://user:secret@gpu-box:8000")
+    assert refused.value.field == "engine" and "secret" not in refused.value.message

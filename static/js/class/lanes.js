@@ -39,14 +39,15 @@ function makeRow(r) {
   return { li, parts };
 }
 
-function fill({ li, parts }, r, paused) {
+function fill({ li, parts }, r, paused, showPrompts) {
   li.dataset.status = r.status;
   parts.label.textContent = r.label;
   parts.status.textContent = statusText(r, paused);
   const prompt = r.promptTokens == null ? '' : `${formatInt(r.promptTokens)} in · `;
   parts.tokens.textContent = `${prompt}${formatInt(r.tokens)} out`;
   parts.blocks.textContent = r.blocks.length ? plural(r.blocks.length, 'block') : '';
-  const text = [r.prompt, r.answer].filter((t) => typeof t === 'string' && t).join(' → ');
+  // Text the feed brought while "show prompts" was on leaves the wall as soon as it is turned off.
+  const text = showPrompts ? [r.prompt, r.answer].filter((t) => typeof t === 'string' && t).join(' → ') : '';
   parts.text.textContent = text;
   parts.text.hidden = !text;
 }
@@ -68,7 +69,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     shown.forEach((r, i) => {
       let row = rows.get(r.key);
       if (!row) { row = makeRow(r); rows.set(r.key, row); }
-      fill(row, r, !!state.settings?.paused);
+      fill(row, r, !!state.settings?.paused, !!state.settings?.show_prompts);
       if (list.children[i] !== row.li) list.insertBefore(row.li, list.children[i] || null);
     });
     const inFlight = all.filter((r) => !['finished', 'cancelled', 'error'].includes(r.status)).length;
