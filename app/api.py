@@ -30,6 +30,15 @@ STATUS_FOR_CODE = {
 }
 
 
+def nested_error(exc: UserError, statuses: dict[str, int]):
+    """The error answer of the class and experiments APIs: nested under `error`, as their contracts
+    say, plus the flat `code`/`field`/`message` the rest of /api answers with, so either reader works."""
+    body = {"code": exc.code, "field": exc.field, "message": exc.message}
+    response = jsonify({"error": body, **body})
+    response.status_code = statuses.get(exc.code, 400)
+    return response
+
+
 @bp.errorhandler(UserError)
 def _user_error(exc: UserError):
     response = jsonify({"code": exc.code, "field": exc.field, "message": exc.message})

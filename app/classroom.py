@@ -22,6 +22,7 @@ from bench.stats import percentile
 from model_runner.errors import UserError
 from model_runner.request import json_repr
 
+from .api import nested_error
 from .engine_ext import get_engine
 from .protocol import parse_json_object
 from .security import is_loopback, origin_refusal
@@ -451,10 +452,7 @@ STATUS = {"teacher_only": 403, "forbidden": 403, "model_loading": 503, "model_fa
 
 @bp.errorhandler(UserError)
 def _user_error(exc: UserError):
-    body = {"code": exc.code, "field": exc.field, "message": exc.message}
-    response = jsonify({"error": body, **body})  # nested as the class contract says, flat as /api answers
-    response.status_code = STATUS.get(exc.code, 400)
-    return response
+    return nested_error(exc, STATUS)
 
 
 @bp.get("/class")

@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 from model_runner import lab_experiments as lab
 from model_runner.errors import UserError
 
-from .api import STATUS_FOR_CODE, policy_changes_allowed
+from .api import STATUS_FOR_CODE, nested_error, policy_changes_allowed
 from .engine_ext import get_engine
 from .protocol import parse_json_object
 from .security import origin_refusal
@@ -33,11 +33,7 @@ def init_app(app) -> None:
 
 @bp.errorhandler(UserError)
 def _user_error(exc: UserError):
-    # the contract's nested shape, plus the API's usual flat fields, so either reader finds them
-    body = {"code": exc.code, "message": exc.message, "field": exc.field}
-    response = jsonify({"error": body, **body})
-    response.status_code = STATUS.get(exc.code, 400)
-    return response
+    return nested_error(exc, STATUS)
 
 
 @bp.errorhandler(Exception)
