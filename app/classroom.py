@@ -305,9 +305,6 @@ class Seat:
     def send(self, message: dict) -> bool:
         return self._send(message) if self._send is not None else False
 
-    def max_inflight(self, default: int) -> int:
-        return self.room.settings.per_laptop_cap or default
-
     def submit_options(self) -> dict[str, Any]:
         """Checked as a request is submitted, for the whole laptop: the teacher's in-flight cap
         (UserError `too_many_requests`) and rate limit (`rate_limited`); then whether the feed may
@@ -319,8 +316,8 @@ class Seat:
             laptop = self.laptop
             while laptop.sent_at and laptop.sent_at[0] <= now - 60:
                 laptop.sent_at.popleft()
-            cap = self.max_inflight(settings.per_laptop_cap)
-            if self.room.class_mode and laptop.inflight >= cap:
+            cap = settings.per_laptop_cap  # outside class mode a laptop is one socket: the per-socket cap
+            if laptop.inflight >= cap:
                 raise UserError(
                     f"at most {cap} requests may be in flight on one {self.cap_noun}; wait for one to end or cancel one",
                     code="too_many_requests",
@@ -413,7 +410,8 @@ def seat_for_socket() -> Seat | None:
     config = current_app.config
     if not (config.get("CLASS_MODE") or is_loopback(str(config.get("BIND_HOST", "")).strip("[]").lower())):
         return None
-    return get_room().seat(teacher=has_teacher_key(), laptop_id=request.cookies.get(LAPTOP_COOKIE))
+    laptop_id = request.cookies.get(LAPTOP_COOKIE) if config.get("CLASS_MODE") else None  # else: one per socket
+    return get_room().seat(teacher=has_teacher_key(), laptop_id=laptop_id)
 
 
 def _key_matches(given: str | None) -> bool:

@@ -134,14 +134,12 @@ class Session:
                 UserError(f"`request_id` {json_repr(rid)} is already in flight on this socket", field="request_id"),
             )
             return
-        limit, where = self.settings.max_inflight, "socket"
-        if self.seat is not None:  # in a classroom the teacher sets the cap per laptop
-            limit, where = self.seat.max_inflight(limit), self.seat.cap_noun
-        if count >= limit:
+        limit = self.settings.max_inflight
+        if self.seat is None and count >= limit:  # a seat checks its laptop's cap itself, in submit_options
             self._send_error(
                 rid,
                 UserError(
-                    f"at most {limit} requests may be in flight on one {where}; wait for one to end or cancel one",
+                    f"at most {limit} requests may be in flight on one socket; wait for one to end or cancel one",
                     code="too_many_requests",
                 ),
             )
