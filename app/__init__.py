@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from model_runner import config as engine_defaults
+from model_runner.core import config as engine_defaults
 
 FRAME_LIMIT = 256 * 1024  # room for the 60,000-character limit even in 4-byte UTF-8
 

@@ -11,9 +11,9 @@ import sys
 
 from bench.class_sim import add_parser as add_class_sim_parser
 from bench.runner import add_parser as add_bench_parser
-from model_runner import config as engine_defaults
-from model_runner import loader
+from model_runner.core import config as engine_defaults
 from model_runner.errors import UserError
+from model_runner.loading import loader
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -124,8 +124,8 @@ def remote_engine_of(args: argparse.Namespace) -> dict | None:
         if args.engine_model or args.engine_config:
             raise UserError("--engine-model and --engine-config need --engine openai:URL", field="engine")
         return None
-    from model_runner.remote_facts import config_path
-    from model_runner.remote_http import parse_url
+    from model_runner.remote.facts import config_path
+    from model_runner.remote.http import parse_url
 
     parse_url(args.engine)
     config_path(args.engine_config)

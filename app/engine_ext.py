@@ -20,8 +20,8 @@ def init_app(app: Flask) -> None:
 
 
 def builtin_engine(app: Flask):
-    from model_runner import config as engine_defaults
-    from model_runner.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
+    from model_runner.core import config as engine_defaults
+    from model_runner.core.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
 
     return Engine(
         EngineConfig(
@@ -38,7 +38,7 @@ def builtin_engine(app: Flask):
 
 
 def remote_engine(app: Flask):
-    from model_runner.remote import RemoteConfig, RemoteEngine  # no torch unless a tokenizer is loaded
+    from model_runner.remote.engine import RemoteConfig, RemoteEngine  # no torch unless a tokenizer is loaded
 
     return RemoteEngine(
         RemoteConfig(

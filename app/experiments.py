@@ -12,8 +12,8 @@ import threading
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from model_runner import lab_experiments as lab
 from model_runner.errors import UserError
+from serving_experiments import experiments as lab
 
 from .api import STATUS_FOR_CODE, nested_error, policy_changes_allowed
 from .engine_ext import get_engine
@@ -207,8 +207,8 @@ def draft_proposer(engine):
         return None
     cached = current_app.extensions.get(DRAFT_KEY)
     if cached is None:
-        from model_runner import loader
-        from model_runner.speculative import DraftModel
+        from model_runner.loading import loader
+        from serving_experiments.speculative import DraftModel
 
         facts = engine.loaded.facts
         loaded = loader.load(spec, facts.device, facts.dtype)

@@ -68,7 +68,7 @@ def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids:
     """The floor: prefill, then one forward + argmax per token, stopping at an end token like the engine."""
     from transformers import DynamicCache
 
-    from model_runner.forward import steer
+    from model_runner.core.forward import steer
 
     device = model.device
     run = LoopRun("bare_loop")

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import torch
 
 from model_runner.errors import UserError
-from model_runner.loader import DTYPE_CHOICES
+from model_runner.loading.loader import DTYPE_CHOICES
 
 from .clients import Job, RequestRecord, _read, _submit
 from .prompts import fit_prompt
@@ -81,8 +81,8 @@ def _engine(args: argparse.Namespace, dtype: str, clients: int):
     """A loaded engine whose worker thread never starts: the bench's one thread runs every route's
     steps (run_stepped_all), so no route is helped or hurt by which thread torch runs on (two idle
     OpenMP teams beside a busy one cost the small int4/int8 steps most; docs/performance.md)."""
-    from model_runner.engine import Engine, EngineConfig
-    from model_runner.loader import load
+    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.loading.loader import load
 
     config = EngineConfig(
         model=args.model, device=args.device, dtype=dtype, max_queue=max(64, clients), timeout_s=600.0

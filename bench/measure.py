@@ -39,7 +39,7 @@ class Bench:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")
         self.stepped = None
         if self.baselines:
-            from model_runner.engine import Engine, EngineConfig
+            from model_runner.core.engine import Engine, EngineConfig
 
             self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
 

@@ -28,7 +28,7 @@ class Target:
 def open_target(args: argparse.Namespace, max_clients: int) -> Target:
     if args.via_websocket:
         return _websocket_target(args)
-    from model_runner.engine import Engine, EngineConfig
+    from model_runner.core.engine import Engine, EngineConfig
 
     engine = Engine(
         EngineConfig(
@@ -53,8 +53,8 @@ def _websocket_target(args: argparse.Namespace) -> Target:
     import urllib.request
     from urllib.parse import urlsplit
 
-    from model_runner.loader import load
-    from model_runner.prompt import plan
+    from model_runner.loading.loader import load
+    from model_runner.text.prompt import plan
 
     parts = urlsplit(args.via_websocket)
     if parts.scheme not in ("ws", "wss") or not parts.netloc:

@@ -15,9 +15,10 @@ TPOT = (E2E − TTFT) / (tokens − 1); ITL = the gaps between consecutive token
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .sequence import Sequence
+if TYPE_CHECKING:  # only read here: the ground floor imports nothing above it
+    from model_runner.core.sequence import Sequence
 
 
 def request_metrics(seq: Sequence, end: float) -> dict[str, Any]:

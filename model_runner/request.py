@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from model_runner.errors import UserError
 
 ROLES = ("system", "user", "assistant", "retrieved")
 DELIVERY_MODES = ("stream", "buffered")

@@ -9,7 +9,7 @@ import os
 import platform
 from datetime import datetime, timezone
 
-from .events import EVENT_TYPES, TERMINAL_TYPES
+from model_runner.events import EVENT_TYPES, TERMINAL_TYPES
 
 FORMAT, VERSION = "kvscope-trace", 1
 REQUEST_ID = "walkthrough-example"
@@ -114,7 +114,7 @@ def machine_load(before: tuple[float, float, float], after: tuple[float, float, 
 
 def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> dict:
     """Runs `request` on a ready engine and returns the trace of that run, every event in arrival order."""
-    from .request import parse_generate
+    from model_runner.request import parse_generate
 
     params = parse_generate(request)
     prompt = engine.describe_prompt(params)
@@ -137,7 +137,7 @@ def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> 
 
 def warm_up(engine) -> None:
     """One short request first, so the recording shows a running server, not first-call set-up costs."""
-    from .request import parse_generate
+    from model_runner.request import parse_generate
 
     for _ in engine.submit(parse_generate({**EXAMPLE_REQUEST, "max_new_tokens": 2}), "warm-up"):
         pass

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model_runner.engine import Engine, EngineConfig  # noqa: E402
+from model_runner.core.engine import Engine, EngineConfig  # noqa: E402
 from model_runner.request import parse_generate  # noqa: E402
 
 QUESTIONS = [

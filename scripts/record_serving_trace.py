@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from model_runner import lab_experiments as lab  # noqa: E402
+from serving_experiments import experiments as lab  # noqa: E402
 
 OUT = ROOT / "static" / "data" / "serving-trace.json"
 
@@ -30,7 +30,7 @@ OUT = ROOT / "static" / "data" / "serving-trace.json"
 def in_process(model: str):
     """(post(name) → (status, body), model name, close) on an app around a freshly loaded engine."""
     from app import create_app
-    from model_runner.engine import Engine, EngineConfig
+    from model_runner.core.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=model)).start()
     engine.wait_ready(900)

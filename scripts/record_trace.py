@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
-    from model_runner.engine import Engine, EngineConfig
+    from model_runner.core.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=args.model)).start()
     try:

@@ -109,7 +109,7 @@ class Pool:
 
 def start_engine(model: str = "fake", **config):
     """An in-process engine, started and ready."""
-    from model_runner.engine import Engine, EngineConfig
+    from model_runner.core.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=model, **config)).start()
     engine.wait_ready(ready_timeout(model))

@@ -16,7 +16,7 @@ from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
 
-from model_runner.lab_experiments import check_response, check_trace
+from serving_experiments.experiments import check_response, check_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TEXT = (ROOT / "tests/data/serving-fixture.json").read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ import pytest
 from kvscope_testkit import HELLO, TERMINAL, LogCursor, end_is, generate_frame
 from websockets.sync.client import connect
 
-from model_runner.fake import ANSWER
+from model_runner.loading.fake import ANSWER
 
 WAIT_S = 60.0  # a deadline for conditions that hold in well under a second; never a timing claim
 

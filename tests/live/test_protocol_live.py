@@ -12,7 +12,7 @@ from kvscope_testkit import HELLO, TERMINAL, LogCursor, RawClient, browser_heade
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from model_runner.fake import ANSWER
+from model_runner.loading.fake import ANSWER
 
 WAIT_S = 60.0  # deadline for conditions that hold in well under a second; never a timing claim
 

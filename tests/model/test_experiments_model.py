@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app import create_app
-from model_runner import lab_experiments as lab
+from serving_experiments import experiments as lab
 
 SMALL = {
     "why_batch": {"new_tokens": 3},

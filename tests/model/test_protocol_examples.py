@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from model_runner.detokenizer import display_text
 from model_runner.request import parse_generate
+from model_runner.text.detokenizer import display_text
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 BLOCK = re.compile(r"```json\n(.*?)\n```", re.S)

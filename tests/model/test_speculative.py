@@ -9,9 +9,9 @@ import pytest
 from kvscope_testkit import ask
 
 from bench.baselines import bare_greedy_loop
-from model_runner.lab_experiments import PASSAGE
-from model_runner.prompt import plan
-from model_runner.speculative import PromptLookup, speculative_greedy
+from model_runner.text.prompt import plan
+from serving_experiments.experiments import PASSAGE
+from serving_experiments.speculative import PromptLookup, speculative_greedy
 
 MAX_NEW = 24
 PROMPTS = {

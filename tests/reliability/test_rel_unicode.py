@@ -9,7 +9,7 @@ import urllib.request
 
 from kvscope_testkit import Client, terminals
 
-from model_runner.fake import ANSWER
+from model_runner.loading.fake import ANSWER
 
 MIXED = "Emoji 😀🧠👩‍👩‍👧, CJK 注意力と東京, RTL שלום עולם / مرحبا بالعالم, combining e\u0301."
 UNIT = "Caches keep keys 😀 and values 注意 for later, שלום مرحبا. "

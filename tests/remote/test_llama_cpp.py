@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kvscope_testkit import ARTIFACTS, ROOT, free_port
 
-from model_runner.loader import find_default_gguf
+from model_runner.loading.loader import find_default_gguf
 
 CHECKS_PATH = ROOT / "scripts" / "vllm_check.py"
 spec = importlib.util.spec_from_file_location("vllm_check", CHECKS_PATH)

@@ -17,7 +17,7 @@ from kvscope_testkit import ask, events_of, wait_until
 from app import classroom, create_app
 from app.session import SessionSettings, run_session
 from bench.stats import percentile
-from model_runner.scheduler import WAIT_PAUSED, Policy
+from model_runner.core.scheduler import WAIT_PAUSED, Policy
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,10 @@ from kvscope_testkit import ask, events_of
 from torch import nn
 
 from bench import dtypes as bench_dtypes
-from model_runner import loader
 from model_runner.errors import UserError
-from model_runner.fake import ANSWER
-from model_runner.quantize import (
+from model_runner.loading import loader
+from model_runner.loading.fake import ANSWER
+from model_runner.loading.quantize import (
     HalfLinear,
     Int4Linear,
     Int8Linear,

@@ -8,10 +8,10 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import wait_until
 
+from model_runner.core.scheduler import Policy
 from model_runner.errors import UserError
-from model_runner.fake import ANSWER
+from model_runner.loading.fake import ANSWER
 from model_runner.request import parse_generate
-from model_runner.scheduler import Policy
 
 
 def run_all(engine, params, request_id="r"):
@@ -321,7 +321,7 @@ def test_a_vanishing_temperature_samples_like_greedy_instead_of_failing(fake_eng
 
 
 def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_factory, monkeypatch):
-    import model_runner.engine as engine_module
+    import model_runner.core.engine as engine_module
 
     engine = engine_factory("fake:delay=20")
     choose = engine_module.choose

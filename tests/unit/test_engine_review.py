@@ -11,15 +11,15 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import events_of
 
-import model_runner.engine as engine_module
+import model_runner.core.engine as engine_module
 from app import create_app
 from app.cli import policy_of
-from model_runner.engine import Engine, EngineConfig
+from model_runner.core.engine import Engine, EngineConfig
+from model_runner.core.feed import EngineFeed
+from model_runner.core.scheduler import Policy
 from model_runner.errors import UserError
-from model_runner.fake import ANSWER
-from model_runner.feed import EngineFeed
-from model_runner.loader import load
-from model_runner.scheduler import Policy
+from model_runner.loading.fake import ANSWER
+from model_runner.loading.loader import load
 
 
 def test_a_failed_step_retried_alone_keeps_the_other_requests_cache_exact(engine_factory, monkeypatch):

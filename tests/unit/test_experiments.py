@@ -12,8 +12,8 @@ from kvscope_testkit import wait_until
 
 from app import create_app
 from app.experiments import LOCK_KEY
-from model_runner import lab_experiments as lab
-from model_runner.speculative import DraftModel, PromptLookup, plain_greedy, speculative_greedy
+from serving_experiments import experiments as lab
+from serving_experiments.speculative import DraftModel, PromptLookup, plain_greedy, speculative_greedy
 
 SMALL = {
     "why_batch": {"new_tokens": 3},
@@ -191,7 +191,7 @@ def test_bad_params_name_the_field_and_limit(fake_app, name, params, field):
 
 
 def test_unknown_experiment_and_model_loading(fake_app):
-    from model_runner.engine import Engine, EngineConfig
+    from model_runner.core.engine import Engine, EngineConfig
 
     app, _ = fake_app
     response = post(app, "nope")
@@ -207,7 +207,7 @@ def test_unknown_experiment_and_model_loading(fake_app):
 
 @pytest.fixture(scope="module")
 def scripted():
-    from model_runner.fake import build_fake
+    from model_runner.loading.fake import build_fake
 
     model, tok = build_fake()
     prompt = [tok.IM_START, *b"user\nRepeat: the cache grows", tok.IM_END, tok.IM_START, *b"assistant\n"]

@@ -111,7 +111,9 @@ def _tree(relative: str) -> ast.Module:
 def _model_fact_names() -> set[str]:
     """ModelFacts' fields and properties, read with ast: importing loader.py would import torch."""
     cls = next(
-        n for n in ast.walk(_tree("model_runner/loader.py")) if isinstance(n, ast.ClassDef) and n.name == "ModelFacts"
+        n
+        for n in ast.walk(_tree("model_runner/loading/loader.py"))
+        if isinstance(n, ast.ClassDef) and n.name == "ModelFacts"
     )
     names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
     names |= {
@@ -141,8 +143,8 @@ def test_model_facts_the_page_reads_exist():
 
 
 def test_budget_fields_the_page_reads_exist():
-    keys = _dict_keys("model_runner/prompt.py", lambda t: isinstance(t, ast.Attribute) and t.attr == "budget")
-    assert keys, "could not find `view.budget = {...}` in model_runner/prompt.py"
+    keys = _dict_keys("model_runner/text/prompt.py", lambda t: isinstance(t, ast.Attribute) and t.attr == "budget")
+    assert keys, "could not find `view.budget = {...}` in model_runner/text/prompt.py"
     assert set(SPEC["budget"]) <= keys
 
 
@@ -218,7 +220,7 @@ def test_every_server_name_the_scripts_read_is_declared():
 
 # ---- the engine feed and the class messages: built as dicts, so checked against the names the server uses -----
 
-FEED_SOURCES = ("model_runner/engine.py", "model_runner/kv_cache.py", "app/classroom.py", "app/session.py")
+FEED_SOURCES = ("model_runner/core/engine.py", "model_runner/core/kv_cache.py", "app/classroom.py", "app/session.py")
 
 
 def _server_names(relative: str) -> set[str]:
@@ -258,7 +260,7 @@ def test_every_feed_type_and_field_the_page_reads_is_one_the_server_sends():
 
 
 def test_policy_and_class_settings_match_their_dataclasses():
-    assert SPEC["policy"] == _dataclass_fields("model_runner/scheduler.py", "Policy")
+    assert SPEC["policy"] == _dataclass_fields("model_runner/core/scheduler.py", "Policy")
     assert SPEC["class_settings"] == _dataclass_fields("app/classroom.py", "Settings")
     assert set(SPEC["class_info"]) <= _server_names("app/classroom.py")
     assert set(SPEC["experiments_list"]) <= _server_names("app/experiments.py")

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = {"model_runner": {"app", "bench"}, "bench": {"app"}}
+FORBIDDEN = {
+    "model_runner": {"app", "bench", "serving_experiments"},
+    "serving_experiments": {"app", "bench"},
+    "bench": {"app"},
+}
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -27,7 +31,7 @@ def imported_packages(path: Path) -> set[str]:
 def test_lower_layers_do_not_import_upper_ones(package):
     offenders = {
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted((ROOT / package).glob("*.py"))
+        for path in sorted((ROOT / package).rglob("*.py"))
         for name in imported_packages(path) & FORBIDDEN[package]
     }
     assert not offenders, sorted(offenders)
@@ -43,7 +47,9 @@ def test_the_readme_names_every_module_in_what_runs_where():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## What runs where") : readme.index("## Tests")]
     modules = [
-        path for package in ("app", "bench", "model_runner", "scripts") for path in (ROOT / package).glob("*.py")
+        path
+        for package in ("app", "bench", "model_runner", "serving_experiments", "scripts")
+        for path in (ROOT / package).rglob("*.py")
     ]
     modules += [path for path in (ROOT / "static/js/shared").glob("*.js")]
     missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.name}`" not in section)

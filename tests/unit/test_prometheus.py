@@ -9,8 +9,8 @@ from kvscope_testkit import blocks_mb, events_of, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from model_runner.fake import ANSWER
-from model_runner.scheduler import Policy
+from model_runner.core.scheduler import Policy
+from model_runner.loading.fake import ANSWER
 
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
 HISTOGRAMS = (

@@ -14,9 +14,9 @@ import pytest
 from kvscope_testkit import ask, events_of, free_port, terminals, wait_until
 
 from model_runner.errors import UserError
-from model_runner.remote import RemoteConfig, RemoteEngine
-from model_runner.remote_facts import parse_metrics
-from model_runner.remote_http import parse_url
+from model_runner.remote.engine import RemoteConfig, RemoteEngine
+from model_runner.remote.facts import parse_metrics
+from model_runner.remote.http import parse_url
 
 WORDS = ["Caches", " keep", " keys", " and", " values", "."]
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -197,7 +197,7 @@ def test_refused_connection_ends_with_one_error_naming_the_server():
     port = free_port()  # nothing listens there
     engine = RemoteEngine(RemoteConfig(url=f"openai:http://127.0.0.1:{port}", metrics_every_s=0))
     engine._status, engine._facts = "ready", None  # as if it had answered before going away
-    from model_runner.remote_facts import facts_from
+    from model_runner.remote.facts import facts_from
 
     engine._facts = facts_from("m", engine.root, {}, {})
     end = one_terminal(events_of(engine.submit(ask("hi"), "r1"), timeout=10))

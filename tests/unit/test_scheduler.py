@@ -11,9 +11,7 @@ import math
 
 import pytest
 
-from model_runner.errors import UserError
-from model_runner.request import GenerateParams, Message
-from model_runner.scheduler import (
+from model_runner.core.scheduler import (
     WAIT_BLOCKS,
     WAIT_LINE,
     WAIT_PREEMPTED,
@@ -23,7 +21,9 @@ from model_runner.scheduler import (
     Scheduler,
     StepPlan,
 )
-from model_runner.sequence import Sequence, State
+from model_runner.core.sequence import Sequence, State
+from model_runner.errors import UserError
+from model_runner.request import GenerateParams, Message
 
 BLOCK = 16
 TOKEN = 7  # what every "sampled" token is

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from model_runner import events
-from model_runner.detokenizer import IncrementalDetokenizer, display_text
-from model_runner.prompt import render
 from model_runner.request import Message
-from model_runner.stopping import StopChecker
-from model_runner.tokenizer import ByteTokenizer
+from model_runner.text.detokenizer import IncrementalDetokenizer, display_text
+from model_runner.text.prompt import render
+from model_runner.text.stopping import StopChecker
+from model_runner.text.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

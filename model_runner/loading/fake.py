@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from .tokenizer import ByteTokenizer
+from model_runner.text.tokenizer import ByteTokenizer
 
 ANSWER = "Hello from the fake model. The cache grows by one column per token \U0001f600 and then it stops."
 STEER = 6.0  # logit boost for the scripted byte: greedy follows the script, sampling sometimes strays

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from .request import GenerateParams
+from model_runner.request import GenerateParams
 
 if TYPE_CHECKING:  # the working state's types need torch; the scheduler imports this module without it
-    from .detokenizer import IncrementalDetokenizer
-    from .stopping import StopChecker
-    from .stream import RequestHandle
+    from model_runner.core.stream import RequestHandle
+    from model_runner.text.detokenizer import IncrementalDetokenizer
+    from model_runner.text.stopping import StopChecker
 
 
 class State(str, Enum):

@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import events as ev
-from .errors import UserError
-from .feed import EngineFeed
-from .metrics import request_metrics
-from .prompt import plan
-from .remote_facts import NOT_VISIBLE, config_path, facts_from, load_tokenizer, parse_metrics, read_config
-from .remote_http import Connection, RemoteFailure, get, parse_url, refused, sse_data
-from .request import GenerateParams
-from .sequence import Sequence
-from .stream import RequestHandle
+from model_runner import events as ev
+from model_runner.core.feed import EngineFeed
+from model_runner.core.sequence import Sequence
+from model_runner.core.stream import RequestHandle
+from model_runner.errors import UserError
+from model_runner.metrics import request_metrics
+from model_runner.remote.facts import NOT_VISIBLE, config_path, facts_from, load_tokenizer, parse_metrics, read_config
+from model_runner.remote.http import Connection, RemoteFailure, get, parse_url, refused, sse_data
+from model_runner.request import GenerateParams
+from model_runner.text.prompt import plan
 
 log = logging.getLogger("kvscope.remote")
 

@@ -15,9 +15,9 @@ from transformers.generation.continuous_batching.distributed import DistributedH
 from transformers.generation.continuous_batching.initialization import resolve_continuous_batching_config
 from transformers.generation.continuous_batching.requests import RequestStatus
 
-from .errors import UserError
-from .kv_math import kv_cache_bytes
-from .sequence import Sequence
+from model_runner.core.sequence import Sequence
+from model_runner.errors import UserError
+from model_runner.kv_math import kv_cache_bytes
 
 FULL = "full_attention"  # the allocator of full-attention layers (every layer of a Llama)
 # transformers logs its cache sizing at INFO on every pool made; kvscope reports the pool itself.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .scheduler import Policy
+from model_runner.core.scheduler import Policy
 
 MAX_QUEUE = 64  # requests waiting at once; the next one is answered `overloaded` at once
 TIMEOUT_S = 120.0  # server-side limit per request, from submit

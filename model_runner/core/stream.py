@@ -8,8 +8,8 @@ import threading
 from collections import deque
 from typing import Callable, Iterator
 
-from .events import Event
-from .sequence import Sequence
+from model_runner.core.sequence import Sequence
+from model_runner.events import Event
 
 
 class RequestHandle:

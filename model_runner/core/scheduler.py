@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from .errors import UserError
-from .sequence import Sequence, State
+from model_runner.core.sequence import Sequence, State
+from model_runner.errors import UserError
 
 BATCHING_MODES = ("continuous", "static")
 POLICY_LIMITS = {"max_num_seqs": (1, 256), "max_batch_tokens": (16, 8192), "chunk_size": (1, 8192)}

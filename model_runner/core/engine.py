@@ -17,22 +17,22 @@ from typing import Any
 
 import torch
 
-from . import events as ev
-from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer, display_text
-from .errors import UserError
-from .feed import EngineFeed
-from .forward import BatchForward, recompute_forward
-from .kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
-from .loader import LoadedModel, load
-from .metrics import request_metrics
-from .prompt import plan
-from .request import GenerateParams
-from .sampler import Choice, choose, make_generator
-from .scheduler import Policy, Scheduler, StepPlan, Work
-from .sequence import Sequence, State
-from .stopping import StopChecker
-from .stream import RequestHandle
+from model_runner import events as ev
+from model_runner.core.config import EngineConfig
+from model_runner.core.feed import EngineFeed
+from model_runner.core.forward import BatchForward, recompute_forward
+from model_runner.core.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
+from model_runner.core.scheduler import Policy, Scheduler, StepPlan, Work
+from model_runner.core.sequence import Sequence, State
+from model_runner.core.stream import RequestHandle
+from model_runner.errors import UserError
+from model_runner.loading.loader import LoadedModel, load
+from model_runner.metrics import request_metrics
+from model_runner.request import GenerateParams
+from model_runner.text.detokenizer import IncrementalDetokenizer, display_text
+from model_runner.text.prompt import plan
+from model_runner.text.sampler import Choice, choose, make_generator
+from model_runner.text.stopping import StopChecker
 
 __all__ = ["Engine", "EngineConfig"]
 

@@ -3,7 +3,7 @@ characters are released, so a character split across tokens (an emoji) is pendin
 
 from __future__ import annotations
 
-from .tokenizer import ByteTokenizer, HFTokenizer
+from model_runner.text.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def _complete_prefix_len(buf: bytes) -> int:
