@@ -15,6 +15,7 @@ TPOT = (E2E − TTFT) / (tokens − 1); ITL = the gaps between consecutive token
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only read here: the ground floor imports nothing above it
@@ -41,4 +42,25 @@ def request_metrics(seq: Sequence, end: float) -> dict[str, Any]:
         "decode_tokens_per_s": round((n - 1) / decode_s, 3) if decode_s > 0 else None,
         "first_text_ms": e2e if buffered and seq.released_text else ms(seq.first_text_at),
         "itl_ms": [round((b - a) * 1000, 3) for a, b in zip(times, times[1:])],
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between order statistics (numpy's default); None for no values.
+    The one definition: the class stats, the bench and the serving chapter's experiments all call it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def p50_p95(values: list[float | None]) -> dict[str, float | None]:
+    """Median and 95th percentile of the values that are known, rounded to 0.001 ms, and how many."""
+    kept = [v for v in values if v is not None]
+    return {
+        "p50": None if not kept else round(percentile(kept, 50), 3),
+        "p95": None if not kept else round(percentile(kept, 95), 3),
+        "n": len(kept),
     }

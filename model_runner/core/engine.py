@@ -92,6 +92,11 @@ class Engine:
     def facts(self):
         return self.loaded.facts if self.loaded else None
 
+    @property
+    def local(self) -> "Engine":
+        """This engine runs the model here: it is its own `LocalControls` (model_runner/interface.py)."""
+        return self
+
     def health(self) -> tuple[bool, str]:
         if self._status == "failed":
             return False, f"model failed to load: {self._reason}"

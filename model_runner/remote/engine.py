@@ -115,6 +115,11 @@ class RemoteEngine:
     def facts(self):
         return self._facts
 
+    @property
+    def local(self) -> None:
+        """The model runs on the remote server: no pool, no admission holds, no feed text here."""
+        return None
+
     def health(self) -> tuple[bool, str]:
         if self._status == "failed":
             return False, f"remote engine unusable: {self._reason}"

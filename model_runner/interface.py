@@ -1,0 +1,85 @@
+"""The engine's interface, declared: what the web app may call on whichever engine runs behind it
+(the built-in `Engine` or the `RemoteEngine` in front of an OpenAI-compatible server), plus the
+capability only the local engine has (admission holds, the KV pool, feed text, the loaded model).
+The app asks `engine.local` for that capability instead of probing attributes: None means remote."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # types only: the ground floor imports nothing above it at run time
+    from model_runner.core.feed import EngineFeed
+    from model_runner.core.kv_cache import PagedKVPool
+    from model_runner.core.scheduler import Policy
+    from model_runner.core.sequence import Sequence
+    from model_runner.core.stream import RequestHandle
+    from model_runner.loading.loader import LoadedModel, ModelFacts
+    from model_runner.request import GenerateParams
+
+EndListener = Callable[["Sequence", dict[str, Any]], None]
+
+
+@runtime_checkable
+class LocalControls(Protocol):
+    """What only an engine that runs the model in this process can do."""
+
+    loaded: LoadedModel | None
+    pool: PagedKVPool | None
+    tokens_generated: int  # every token chosen since start (the class view's tokens/s)
+
+    @property
+    def paused(self) -> bool: ...
+
+    def set_paused(self, paused: bool) -> None: ...
+
+    def admissions_held(self) -> AbstractContextManager[None]: ...
+
+    def withdraw_feed_text(self) -> None: ...
+
+
+@runtime_checkable
+class EngineInterface(Protocol):
+    """One role, two classes: every member here exists on both engines with the same meaning."""
+
+    feed: EngineFeed
+
+    def start(self) -> EngineInterface: ...
+
+    def wait_ready(self, timeout: float = 600.0) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def health(self) -> tuple[bool, str]: ...
+
+    @property
+    def facts(self) -> ModelFacts | None: ...
+
+    @property
+    def local(self) -> LocalControls | None:
+        """The local engine's own controls, or None for an engine whose model runs elsewhere."""
+        ...
+
+    def describe_ready(self) -> None: ...
+
+    def describe_prompt(self, params: GenerateParams) -> dict[str, Any]: ...
+
+    def submit(
+        self, params: GenerateParams, request_id: str | None = None, label: str = "", feed_text: bool | None = None
+    ) -> RequestHandle: ...
+
+    def cancel_all(self, cause: str) -> int: ...
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def policy(self) -> Policy | None: ...
+
+    def set_policy(self, changes: dict[str, Any] | None = None, /, **more: Any) -> Policy: ...
+
+    def add_end_listener(self, fn: EndListener) -> None: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
