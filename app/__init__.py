@@ -18,6 +18,7 @@ DEFAULTS = {
     "MODEL": "default",  # "default" (bundled SmolLM2-135M-Instruct), "fake" (tests), a hub id or a path
     "DEVICE": "auto",
     "DTYPE": "auto",
+    "CUDA_GRAPHS": engine_defaults.CUDA_GRAPHS,  # "auto" (on CUDA) or "off" (model_runner/core/graphs.py)
     "MAX_QUEUE": engine_defaults.MAX_QUEUE,
     "TIMEOUT_S": engine_defaults.TIMEOUT_S,
     # Security: the address the server listens on. On a loopback address only loopback Host names
@@ -53,6 +54,8 @@ DEFAULTS = {
     "ENGINE_CONFIG": None,
     "ENGINE_TOP_LOGPROBS": 5,  # candidates asked per token from the remote; 0 = none (faster on llama.cpp)
     "API_KEY": None,  # when set, /v1/* requires `Authorization: Bearer API_KEY` (KVSCOPE_API_KEY)
+    # `--served-model-name`: ids /v1 answers to besides the model's own; the first is the one reported.
+    "SERVED_MODEL_NAMES": [],
 }
 
 
@@ -71,8 +74,9 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import api, classroom, engine_ext, experiments, metrics, openai_api, pages, security, ws
+    from . import api, classroom, engine_ext, errors, experiments, metrics, openai_api, pages, security, ws
 
+    errors.init_app(app)  # one error mapping: UserError code → status, in each blueprint's shape
     engine_ext.init_app(app)
     security.init_app(app)
     classroom.init_app(app)  # /class, /api/class*; needs the engine, so after engine_ext

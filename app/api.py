@@ -1,6 +1,7 @@
 """The JSON API: model status and facts, prompt preview (template, tokens, budget), health.
 
-Every error answer is `{code, field, message}`, the same shape as the WebSocket `error` event.
+Every error answer is `{code, field, message}`, the same shape as the WebSocket `error` event
+(app/errors.py renders it).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import json
 from pathlib import Path
 
 from flask import Blueprint, current_app, jsonify, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from model_runner.errors import UserError
 from model_runner.request import LIMITS, parse_generate
@@ -19,37 +19,6 @@ from .protocol import parse_json_object
 from .security import is_loopback, origin_refusal
 
 bp = Blueprint("api", __name__)
-
-STATUS_FOR_CODE = {
-    "model_loading": 503,
-    "model_failed": 503,
-    "overloaded": 503,
-    "internal": 500,
-    "too_large": 413,
-    "forbidden": 403,
-}
-
-
-def nested_error(exc: UserError, statuses: dict[str, int]):
-    """The error answer of the class and experiments APIs: nested under `error`, as their contracts
-    say, plus the flat `code`/`field`/`message` the rest of /api answers with, so either reader works."""
-    body = {"code": exc.code, "field": exc.field, "message": exc.message}
-    response = jsonify({"error": body, **body})
-    response.status_code = statuses.get(exc.code, 400)
-    return response
-
-
-@bp.errorhandler(UserError)
-def _user_error(exc: UserError):
-    response = jsonify({"code": exc.code, "field": exc.field, "message": exc.message})
-    response.status_code = STATUS_FOR_CODE.get(exc.code, 400)
-    return response
-
-
-@bp.errorhandler(RequestEntityTooLarge)
-def _too_large(exc):
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
-    return _user_error(UserError(f"the request body may be at most {limit:,} bytes", code="too_large"))
 
 
 def public_source(text: str | None) -> str | None:

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from app.class_start import class_policy, class_setup
 from bench.class_sim import add_parser as add_class_sim_parser
 from bench.runner import add_parser as add_bench_parser
 from model_runner.core import config as engine_defaults
@@ -47,6 +48,8 @@ def serve(args: argparse.Namespace) -> int:
     if remote is None:
         loader.preflight(args.model, args.device, args.dtype)
     policy = policy_of(args)
+    if args.class_mode and remote is None:  # a class's own defaults (app/class_start.py) under env and flags
+        policy = class_policy(policy)
     if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
         raise UserError(
             f"--kv-cache-mb must be a positive number of MiB, got {args.kv_cache_mb:g}", field="kv_cache_mb"
@@ -55,6 +58,7 @@ def serve(args: argparse.Namespace) -> int:
         "MODEL": args.model,
         "DEVICE": args.device,
         "DTYPE": args.dtype,
+        "CUDA_GRAPHS": args.cuda_graphs,
         "BIND_HOST": args.host,
         "PORT": args.port,
         "ALLOWED_ORIGINS": args.allow_origin or [],
@@ -69,14 +73,14 @@ def serve(args: argparse.Namespace) -> int:
         given["DRAFT_MODEL"] = args.draft_model
     config.update({key: value for key, value in given.items() if value is not None})
     config.update(remote or {})
+    if args.served_model_name:  # the ids /v1 answers to besides the model's own; the first is reported
+        config["SERVED_MODEL_NAMES"] = args.served_model_name
     api_key = args.api_key or os.environ.get("KVSCOPE_API_KEY") or None
     if api_key:
         config["API_KEY"] = api_key  # a string even when it looks like JSON (from_prefixed_env would parse it)
     class_lines = []
     if args.class_mode:
-        from app.classroom import class_setup
-
-        class_config, class_lines = class_setup(args.host, args.port, args.class_host)
+        class_config, class_lines = class_setup(args.host, args.port, args.class_host, None if remote else policy)
         config.update(class_config)
 
     class KvscopeServer(BaseApplication):
@@ -184,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     s.add_argument("--dtype", default="auto", help=loader.DTYPE_HELP)
+    s.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "off"),
+        default=engine_defaults.CUDA_GRAPHS,
+        help="decode steps captured once per batch size and replayed as CUDA graphs: auto = on CUDA, off = never "
+        "(default auto)",
+    )
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument(
         "--timeout",
@@ -212,13 +223,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunked-prefill",
         type=int,
         metavar="TOKENS",
-        help="split prompts into chunks of this many tokens that share steps with decodes (default off)",
+        help="split prompts into chunks of this many tokens that share steps with decodes; 0 = off "
+        "(default off; 64 with --class)",
+    )
+    s.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_const",
+        const=0,
+        help="prefill whole prompts (the default without --class), as --chunked-prefill 0",
     )
     s.add_argument(
         "--prefix-caching",
         action="store_const",
         const=True,
-        help="share the KV blocks of identical prompt prefixes between requests (default off)",
+        help="share the KV blocks of identical prompt prefixes between requests (default off; on with --class)",
+    )
+    s.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_const",
+        const=False,
+        help="compute every prompt's KV blocks afresh (the default without --class)",
     )
     s.add_argument(
         "--kv-cache-mb",
@@ -258,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         metavar="N",
         help="with --engine: candidates asked per token, 0-5 (0: none shown; much faster on llama.cpp's server)",
+    )
+    s.add_argument(
+        "--served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="model ids /v1 clients may send, as vLLM's flag (the first is the one reported); the model's own "
+        "name (e.g. SmolLM2-135M-Instruct) always works too",
     )
     s.add_argument(
         "--api-key",

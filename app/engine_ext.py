@@ -4,14 +4,23 @@
 from __future__ import annotations
 
 import atexit
+from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
+
+from model_runner.interface import EngineInterface
+
+if TYPE_CHECKING:  # imported late at run time: a test's injected engine needs neither torch nor a server
+    from model_runner.core.engine import Engine
+    from model_runner.remote.engine import RemoteEngine
 
 KEY = "kvscope_engine"
 
 
 def init_app(app: Flask) -> None:
-    engine = app.config.get("ENGINE")  # tests may inject a ready engine; its owner shuts it down
+    engine: EngineInterface | None = app.config.get(
+        "ENGINE"
+    )  # tests may inject a ready engine; its owner shuts it down
     if engine is None:
         engine = remote_engine(app) if app.config.get("ENGINE_URL") else builtin_engine(app)
         engine.start()  # loads (or connects) on its own thread: the app answers /api/model meanwhile
@@ -19,7 +28,7 @@ def init_app(app: Flask) -> None:
     app.extensions[KEY] = engine
 
 
-def builtin_engine(app: Flask):
+def builtin_engine(app: Flask) -> Engine:
     from model_runner.core import config as engine_defaults
     from model_runner.core.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
 
@@ -28,6 +37,7 @@ def builtin_engine(app: Flask):
             model=app.config["MODEL"],
             device=app.config["DEVICE"],
             dtype=app.config["DTYPE"],
+            cuda_graphs=str(app.config["CUDA_GRAPHS"]),
             max_queue=int(app.config["MAX_QUEUE"]),
             timeout_s=float(app.config["TIMEOUT_S"]),
             kv_cache_mb=app.config["KV_CACHE_MB"],
@@ -37,7 +47,7 @@ def builtin_engine(app: Flask):
     )
 
 
-def remote_engine(app: Flask):
+def remote_engine(app: Flask) -> RemoteEngine:
     from model_runner.remote.engine import RemoteConfig, RemoteEngine  # no torch unless a tokenizer is loaded
 
     return RemoteEngine(
@@ -52,5 +62,6 @@ def remote_engine(app: Flask):
     )
 
 
-def get_engine():
+def get_engine() -> EngineInterface:
+    """The app's engine; what only the built-in engine can do is reached through `.local` (None when remote)."""
     return current_app.extensions[KEY]

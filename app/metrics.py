@@ -1,10 +1,12 @@
 """`GET /metrics`: the engine in Prometheus text format, under vLLM's metric names where the meaning
 is the same, so dashboards made for vLLM work (docs/protocol.md, "Prometheus metrics").
 
-Each app has its own CollectorRegistry (tests create many apps; the global registry would refuse the
-second). Gauges, and the preemption counter, read `engine.snapshot()` at scrape time; the token
-counters, prefix-cache counters and latency histograms are fed from each request's end, through
-`engine.add_end_listener`. Every series carries a `model_name` label."""
+The families are the ones `SERIES` lists, nothing else. Each app has its own CollectorRegistry (tests
+create many apps; the global registry would refuse the second). Gauges, and the preemption counter,
+read `engine.snapshot()` at scrape time; the token counters, request outcomes (`finished_reason`),
+prefix-cache counters and latency histograms are fed from each request's end, through
+`engine.add_end_listener`. Every series carries a `model_name` label: the first served name, else
+the model's own id, as vLLM sets it."""
 
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ import weakref
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
+from model_runner.interface import EngineInterface
 from model_runner.metrics import request_metrics
 
-from .api import public_source
 from .engine_ext import KEY as ENGINE_KEY
+from .openai_shapes import FINISH_REASONS, model_ids
 
 KEY = "kvscope_metrics"
 LABELS = ["model_name"]
@@ -38,14 +41,79 @@ REQUEST_BUCKETS = [
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 ]  # fmt: skip
 
+# Every metric family /metrics exposes: (name, type, help, buckets for a histogram). The one list:
+# the registry is built from it and tests/unit/test_prometheus.py checks the scrape against it.
+# vLLM removed `vllm:time_per_output_token_seconds` in favour of `vllm:inter_token_latency_seconds`.
+SERIES = (
+    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", None),
+    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", None),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage (blocks held by requests / pool blocks).",
+        None,
+    ),
+    ("vllm:num_preemptions", "counter", "Cumulative number of preemptions from the engine.", None),
+    ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", None),
+    ("vllm:generation_tokens", "counter", "Number of generation tokens processed.", None),
+    ("vllm:request_success", "counter", "Count of successfully processed requests.", None),
+    ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens.", None),
+    ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.", None),
+    ("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    ("vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    (
+        "vllm:request_time_per_output_token_seconds",
+        "histogram",
+        "Histogram of time_per_output_token_seconds per request.",
+        ITL_BUCKETS,
+    ),
+    ("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS),
+    (
+        "vllm:request_queue_time_seconds",
+        "histogram",
+        "Histogram of time spent in WAITING phase for request.",
+        REQUEST_BUCKETS,
+    ),
+    (
+        "vllm:request_prefill_time_seconds",
+        "histogram",
+        "Histogram of time spent in PREFILL phase for request.",
+        REQUEST_BUCKETS,
+    ),
+    (
+        "vllm:request_decode_time_seconds",
+        "histogram",
+        "Histogram of time spent in DECODE phase for request.",
+        REQUEST_BUCKETS,
+    ),
+)
+METRIC_NAMES = tuple(name for name, *_ in SERIES)
+# Read from engine.snapshot() at scrape time; every other series is fed from request ends.
+SNAPSHOT_READS = {
+    "vllm:num_requests_running": lambda snap: snap.get("running", 0),
+    "vllm:num_requests_waiting": lambda snap: snap.get("waiting", 0),
+    "vllm:kv_cache_usage_perc": lambda snap: usage_share(snap.get("kv") or {}),
+    "vllm:num_preemptions": lambda snap: snap.get("preemptions", 0),
+}
+# vLLM's finished_reason values (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS, less "repetition",
+# which kvscope never detects), each series present from the first scrape as vLLM's are.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+SUCCESS_LABELS = ["model_name", "finished_reason"]
+
 bp = Blueprint("metrics", __name__)
 
 
-def model_name(engine: Any) -> str:
-    """The served model's id, as /v1/models and /api/model show it (never a filesystem path), so
-    this label matches the OpenAI API's `model` as vLLM's does; "kvscope" until the model is loaded."""
-    facts = getattr(engine, "facts", None)
-    return (public_source(facts.source or facts.name) if facts is not None else None) or "kvscope"
+def usage_share(kv: dict) -> float:
+    total = kv.get("total") or 0
+    return kv.get("used", 0) / total if total else 0.0
+
+
+def finished_reason(event: dict[str, Any]) -> str:
+    """A terminal event's vLLM finished_reason: the OpenAI API's finish_reason for a finished request
+    (timeout counts as `length`, as there), `abort` for a cancel, `error` for an error."""
+    if event["type"] == "finished":
+        return FINISH_REASONS.get(event.get("reason", ""), "length")
+    return "abort" if event["type"] == "cancelled" else "error"
 
 
 class _SnapshotCollector:
@@ -61,133 +129,84 @@ class _SnapshotCollector:
         metrics = self._metrics()
         if metrics is None:
             return
-        engine, name = metrics.engine, metrics.name()
         try:
-            snap = engine.snapshot()
+            snap = metrics.engine.snapshot()
         except Exception:  # a stand-in engine without a snapshot, or one that failed: no gauges
             return
-        kv = snap.get("kv") or {}
-        total = kv.get("total") or 0
-        for metric, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", snap.get("running", 0)),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", snap.get("waiting", 0)),
-            (
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage (blocks held by requests / pool blocks).",
-                kv.get("used", 0) / total if total else 0.0,
-            ),
-        ):
-            gauge = GaugeMetricFamily(metric, doc, labels=LABELS)
-            gauge.add_metric([name], float(value))
-            yield gauge
-        preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "Cumulative number of preemptions from the engine.", labels=LABELS
-        )
-        preemptions.add_metric([name], float(snap.get("preemptions", 0)))
-        yield preemptions
+        name = metrics.name()
+        for metric, kind, doc, _ in SERIES:
+            if metric in SNAPSHOT_READS:
+                family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(metric, doc, labels=LABELS)
+                family.add_metric([name], float(SNAPSHOT_READS[metric](snap)))
+                yield family
 
 
 class Metrics:
     """One app's registry and the metrics fed from request ends."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: EngineInterface, served_names: str | list[str] | tuple[str, ...] = ()):
         self.engine = engine
+        self.served_names = served_names
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=r)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
-        )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            LABELS,
-            registry=r,
-        )
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", LABELS, registry=r
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            LABELS,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            LABELS,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.tpot = Histogram(  # vLLM's older name for the same per-token gaps
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token in seconds (deprecated name of inter_token_latency).",
-            LABELS,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.request_tpot = Histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            LABELS,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e, self.queue, self.prefill, self.decode = (
-            Histogram(metric, doc, LABELS, buckets=REQUEST_BUCKETS, registry=r)
-            for metric, doc in (
-                ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
-                ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
-                ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
-                ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
-            )
-        )
-        self.labelled = [m for m in vars(self).values() if isinstance(m, (Counter, Histogram))]
-        r.register(_SnapshotCollector(self))
+        self.fed: dict[str, Counter | Histogram] = {}
+        for metric, kind, doc, buckets in SERIES:
+            if metric in SNAPSHOT_READS:
+                continue
+            labels = SUCCESS_LABELS if metric == "vllm:request_success" else LABELS
+            if kind == "counter":
+                self.fed[metric] = Counter(metric, doc, labels, registry=self.registry)
+            else:
+                self.fed[metric] = Histogram(metric, doc, labels, buckets=buckets, registry=self.registry)
+        self.registry.register(_SnapshotCollector(self))
 
     def name(self) -> str:
-        return model_name(self.engine)
+        """The `model_name` label as vLLM sets it: the first served name, else the model's own id."""
+        return model_ids(self.engine.facts, self.served_names)[0]
+
+    def series(self, metric: str, **labels: str):
+        return self.fed[metric].labels(model_name=self.name(), **labels)
 
     def touch(self) -> None:
         """Every series at zero for the current model name before its first observation (as vLLM
         does), so dashboards and rate() see them from the first scrape."""
-        if getattr(self.engine, "facts", None) is None:  # not loaded: no series under a placeholder name
+        if self.engine.facts is None:  # not loaded: no series under a placeholder name
             return
-        name = self.name()
-        for metric in self.labelled:
-            metric.labels(name)
+        for metric in self.fed:
+            if metric == "vllm:request_success":
+                for reason in FINISHED_REASONS:
+                    self.series(metric, finished_reason=reason)
+            else:
+                self.series(metric)
 
     def observe_end(self, seq: Any, event: dict[str, Any]) -> None:
         """One request's end (any outcome): its tokens and, for the phases it reached, its times."""
         m = event.get("metrics")
         if m is None:  # an `error` terminal carries no metrics: the same figures from the sequence
             m = request_metrics(seq, seq.submitted_at + event["t_ms"] / 1000)
-        name = self.name()
-        started = seq.prefill_start is not None
-        self.generation_tokens.labels(name).inc(len(seq.output_ids))
-        if started:
-            self.prompt_tokens.labels(name).inc(len(seq.prompt_ids))
+        self.series("vllm:request_success", finished_reason=finished_reason(event)).inc()
+        self.series("vllm:generation_tokens").inc(len(seq.output_ids))
+        if seq.prefill_start is not None:
+            self.series("vllm:prompt_tokens").inc(len(seq.prompt_ids))
             if seq.uses_cache:  # every admitted request that uses the pool looks its prompt up
-                self.prefix_queries.labels(name).inc(len(seq.prompt_ids))
-                self.prefix_hits.labels(name).inc(seq.prefix_hit)
-            self.queue.labels(name).observe(m["queue_ms"] / 1000)
+                self.series("vllm:prefix_cache_queries").inc(len(seq.prompt_ids))
+                self.series("vllm:prefix_cache_hits").inc(seq.prefix_hit)
+            self.series("vllm:request_queue_time_seconds").observe(m["queue_ms"] / 1000)
+        self._observe_times(seq, m)
+
+    def _observe_times(self, seq: Any, m: dict[str, Any]) -> None:
         if m["e2e_ms"] is not None:
-            self.e2e.labels(name).observe(m["e2e_ms"] / 1000)
+            self.series("vllm:e2e_request_latency_seconds").observe(m["e2e_ms"] / 1000)
         if m["ttft_ms"] is not None:
-            self.ttft.labels(name).observe(m["ttft_ms"] / 1000)
+            self.series("vllm:time_to_first_token_seconds").observe(m["ttft_ms"] / 1000)
             if m["prefill_ms"] is not None:  # a remote engine cannot see where queueing ends and prefill starts
-                self.prefill.labels(name).observe(m["prefill_ms"] / 1000)
-            times = seq.token_times
-            if times:
-                self.decode.labels(name).observe(times[-1] - times[0])
+                self.series("vllm:request_prefill_time_seconds").observe(m["prefill_ms"] / 1000)
+            if seq.token_times:
+                self.series("vllm:request_decode_time_seconds").observe(seq.token_times[-1] - seq.token_times[0])
         if m["tpot_ms"] is not None:
-            self.request_tpot.labels(name).observe(m["tpot_ms"] / 1000)
-        itl, tpot = self.itl.labels(name), self.tpot.labels(name)
+            self.series("vllm:request_time_per_output_token_seconds").observe(m["tpot_ms"] / 1000)
+        itl = self.series("vllm:inter_token_latency_seconds")
         for gap_ms in m["itl_ms"]:
             itl.observe(gap_ms / 1000)
-            tpot.observe(gap_ms / 1000)
 
 
 def _listener(ref: "weakref.ref[Metrics]"):
@@ -203,12 +222,11 @@ def _listener(ref: "weakref.ref[Metrics]"):
 
 def init_app(app: Flask) -> None:
     """Call after engine_ext.init_app: the registry, the end listener and the route."""
+    disable_created_metrics()  # no `*_created` series beside each family, as vLLM turns them off (process-wide)
     engine = app.extensions[ENGINE_KEY]
-    metrics = Metrics(engine)
+    metrics = Metrics(engine, app.config.get("SERVED_MODEL_NAMES") or ())
     app.extensions[KEY] = metrics
-    add = getattr(engine, "add_end_listener", None)
-    if callable(add):  # stand-in engines in tests may have none: gauges only
-        add(_listener(weakref.ref(metrics)))
+    engine.add_end_listener(_listener(weakref.ref(metrics)))
     app.register_blueprint(bp)
 
 

@@ -22,6 +22,7 @@ from wsproto.utilities import LocalProtocolError
 
 from model_runner.errors import UserError
 from model_runner.events import SCHEMA_VERSION, Event
+from model_runner.interface import EngineInterface
 from model_runner.request import json_repr, parse_generate
 
 from .protocol import error_event, parse_json_object, parse_request_id
@@ -42,12 +43,17 @@ class SessionSettings:
     drain_s: float = 30.0  # after the socket ends, how long a pump waits for its request's last event
 
 
-def run_session(ws, engine, settings: SessionSettings = SessionSettings(), peer: str = "", seat=None) -> None:
-    Session(ws, engine, settings, peer, seat).run()
+def run_session(
+    ws, engine: EngineInterface, settings: SessionSettings = SessionSettings(), peer: str = "", seat=None
+) -> None:
+    SocketSession(ws, engine, settings, peer, seat).run()
 
 
-class Session:
-    def __init__(self, ws, engine, settings: SessionSettings, peer: str = "", seat=None):
+class SocketSession:
+    """One socket's requests and feed subscription, talking to either engine through its declared
+    interface (model_runner/interface.py) only."""
+
+    def __init__(self, ws, engine: EngineInterface, settings: SessionSettings, peer: str = "", seat=None):
         self.ws = ws
         self.engine = engine
         self.settings = settings
@@ -147,7 +153,7 @@ class Session:
         seated = False  # the seat counts the request in flight from submit_options on
         try:
             params = parse_generate(data)
-            # Only a classroom passes feed_text, so engines without it (a remote one) still serve.
+            # A classroom seat adds its options (feed_text: "show prompts"); both engines take them.
             extra = self.seat.submit_options() if self.seat is not None else {}
             seated = self.seat is not None
             handle = self.engine.submit(params, rid, label=self.label, **extra)

@@ -1,7 +1,7 @@
 """What the engine is held to, on the same model object: a bare greedy loop (model + DynamicCache +
 argmax, the floor), transformers `generate` with a TextIteratorStreamer read from another thread
-(what a user writes by hand), and the machine's ceilings (memory copy bandwidth, matmul FLOP/s),
-plus the estimates that relate a measured time to those ceilings."""
+(what a user writes by hand), transformers' own continuous batching, and the estimates that relate a
+measured time to the machine's ceilings (measured by serving_experiments/roofline.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .stats import percentile
+from model_runner import cost
+from model_runner.metrics import percentile
 
 now = time.monotonic
 
@@ -55,13 +56,6 @@ def summary(tokens: int, prefill_ms: float | None, steps: list[float], tokens_pe
         "step_ms_p10": r(percentile(steps, 10)),
         "tokens_per_s": r(tokens_per_s),
     }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> LoopRun:
@@ -160,110 +154,18 @@ def generate_with_streamer(
     return run
 
 
-# ---- the machine's ceilings --------------------------------------------------------------------
-
-
-def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 7) -> dict[str, Any]:
-    """Best-of-N copy of a large buffer into a second, already touched one; bytes read plus written."""
-    n = mib * 1024 * 1024 // 4
-    src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.zeros_like(src)  # both written once, so no page faults are timed
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    moved = 2 * src.nbytes
-    return {
-        "what": f"copy of a {mib} MiB buffer, best of {repeats}; bytes read + bytes written",
-        "bytes": moved,
-        "best_s": round(best, 6),
-        "gb_per_s": round(moved / best / 1e9, 3),
-    }
-
-
-def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 7) -> dict[str, Any]:
-    """Best-of-N square matmul in the model's dtype: 2n^3 floating-point operations."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    a @ b  # first call pays for kernel selection and allocation
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return {
-        "what": f"{n}x{n} {str(dtype).removeprefix('torch.')} matmul, best of {repeats}",
-        "flops": 2 * n**3,
-        "best_s": round(best, 6),
-        "gflop_per_s": round(2 * n**3 / best / 1e9, 3),
-    }
-
-
-# ---- estimates (computed from the model's shape, not measured) ----------------------------------
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the estimates need from the model: sizes, and whether the output layer reuses the embedding."""
-
-    params: int
-    weights_bytes: int
-    layers: int
-    attention_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    bytes_per_element: int
-    kv_bytes_per_token: int
-    tied_embeddings: bool
-
-    @classmethod
-    def of(cls, facts, model_config) -> "Shape":
-        return cls(
-            facts.params,
-            facts.weights_bytes,
-            facts.layers,
-            facts.attention_heads,
-            facts.head_dim,
-            facts.hidden_size,
-            facts.vocab_size,
-            facts.bytes_per_element,
-            facts.kv_bytes_per_token,
-            bool(getattr(model_config, "tie_word_embeddings", False)),
-        )
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    def prefill_flops(self, tokens: int) -> float:
-        """2 x (non-embedding parameters) per token, plus attention's scores and weighted sum (causal:
-        about T^2/2 pairs, each 2 x d for QK and 2 x d for AV), plus one row of output logits."""
-        non_embedding = self.params - self.embedding_params * (1 if self.tied_embeddings else 2)
-        attention = 2 * self.layers * tokens * tokens * self.attention_heads * self.head_dim
-        return 2 * non_embedding * tokens + attention + 2 * self.embedding_params
-
-    def decode_bytes(self, context: int) -> float:
-        """Bytes one decode step must read: every weight once (an untied input embedding only reads
-        one row, so it is left out) plus the whole KV cache at this context length."""
-        unread = 0 if self.tied_embeddings else self.embedding_params * self.bytes_per_element
-        return self.weights_bytes - unread + self.kv_bytes_per_token * context
+# ---- estimates (computed by the cost model from the model's shape, not measured) -------------------
 
 
 def estimates(
-    shape: Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None, context: float
+    shape: cost.Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None, context: float
 ) -> dict[str, Any]:
-    """Achieved prefill FLOP/s and decode bandwidth, computed from measured times and the model's shape."""
+    """Achieved prefill FLOP/s and decode bandwidth: model_runner/cost.py's counts over measured times."""
     out: dict[str, Any] = {"prefill_gflop_per_s": None, "decode_gb_per_s": None}
     if prefill_ms:
-        out["prefill_gflop_per_s"] = round(shape.prefill_flops(prompt_tokens) / (prefill_ms / 1000) / 1e9, 3)
+        out["prefill_gflop_per_s"] = round(cost.prefill_flops(shape, prompt_tokens) / (prefill_ms / 1000) / 1e9, 3)
     if step_ms:
-        out["decode_gb_per_s"] = round(shape.decode_bytes(round(context)) / (step_ms / 1000) / 1e9, 3)
+        out["decode_gb_per_s"] = round(cost.decode_step_bytes(shape, 1, context) / (step_ms / 1000) / 1e9, 3)
     return out
 
 

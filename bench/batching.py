@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from model_runner.errors import UserError
+from model_runner.metrics import percentile
 
 from . import baselines as bl
 from .clients import Job, RequestRecord, run_jobs, run_stepped
 from .grid import Grid
+from .machine import load_average, machine_info
 from .progress import Progress, work
 from .prompts import Prompt, fit_prompt
 from .ratios import greedy_equality, judged, outputs, run_summary, totals
@@ -35,7 +37,7 @@ CLASS_TTFT_GOAL = ("max", 0.15)  # class scenario p99 TTFT, batched over one at 
 
 
 @dataclass
-class Session:
+class BatchingRun:
     """The opened engine and what every part of the run shares."""
 
     args: argparse.Namespace
@@ -148,17 +150,16 @@ def run_batching(args: argparse.Namespace) -> int:
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
     target = open_target(args, max(settings["concurrency"] + [CLASS_CLIENTS]))
     try:
-        report = measure(
-            Session(args, target, Progress(1, enabled=False), list(target.notes)), settings, started_at, t0
+        report = measure_batching(
+            BatchingRun(args, target, Progress(1, enabled=False), list(target.notes)), settings, started_at, t0
         )
     finally:
         target.close()
     return finish(report, args, started_at)
 
 
-def measure(session: Session, s: dict, started_at: datetime, t0: float) -> dict:
+def measure_batching(session: BatchingRun, s: dict, started_at: datetime, t0: float) -> dict:
     from . import class_scenario
-    from .runner import _load, machine_info
 
     machine = machine_info(session.target.loaded.facts)
     engine, describe = session.engine, session.target.describe
@@ -182,7 +183,7 @@ def measure(session: Session, s: dict, started_at: datetime, t0: float) -> dict:
     session.progress.close()
     if hf_skip and s["batching"]:
         session.notes.append(f"transformers generate_batch baseline skipped: {hf_skip}")
-    machine["load_average_end"] = _load()
+    machine["load_average_end"] = load_average()
     records = [r for t in throughput for run in t.pop("_records") for r in run]
     records += [r for sc in (scenario or {}).get("scenarios", {}).values() for r in sc.pop("_records")]
     return {
@@ -218,7 +219,7 @@ def _planned_work(s: dict, prompts: list[Prompt], classroom) -> float:
     return total
 
 
-def _warm_up(session: Session, prompts: list[Prompt], hf_skip: str | None) -> None:
+def _warm_up(session: BatchingRun, prompts: list[Prompt], hf_skip: str | None) -> None:
     """Untimed: a small batch through the engine, and transformers' manager once."""
     records, _, _ = session.engine_run([Job(session.payload(p, 4)) for p in prompts[:4]], "warmup")
     if any(r.outcome != "completed" for r in records):
@@ -232,7 +233,7 @@ def _warm_up(session: Session, prompts: list[Prompt], hf_skip: str | None) -> No
         _hf(session, prompts[:2], 4)
 
 
-def _hf(session: Session, prompts: list[Prompt], output: int) -> bl.BatchRun:
+def _hf(session: BatchingRun, prompts: list[Prompt], output: int) -> bl.BatchRun:
     kv, policy = session.engine.snapshot()["kv"], session.engine.policy
     return bl.hf_generate_batch(
         session.model,
@@ -245,7 +246,7 @@ def _hf(session: Session, prompts: list[Prompt], output: int) -> bl.BatchRun:
     )
 
 
-def _clients(session: Session, s: dict, prompts: list[Prompt], rep: int, hf_skip: str | None, turn: int) -> dict:
+def _clients(session: BatchingRun, s: dict, prompts: list[Prompt], rep: int, hf_skip: str | None, turn: int) -> dict:
     """One repeat at n clients: the same requests batched, one at a time and through generate_batch,
     in an order that rotates from one such run to the next (`turn`)."""
     n, out = len(prompts), s["output_tokens"]
@@ -303,7 +304,7 @@ def _ratio(a: dict | None, b: dict | None) -> float | None:
     return round(a["tokens_per_s"] / b["tokens_per_s"], 4)
 
 
-def _lone(session: Session, prompt: Prompt, s: dict) -> dict:
+def _lone(session: BatchingRun, prompt: Prompt, s: dict) -> dict:
     """A lone client: the engine (policy max_num_seqs=1, stepped on the baselines' thread) against the
     bare greedy loop, order rotating each repeat, as `kvscope bench` compares them."""
     from .measure import Bench
@@ -362,6 +363,4 @@ def ratios(throughput: list[dict], lone: dict | None, scenario: dict | None) -> 
 
 
 def _judge(text: str, values: list[float], goal) -> dict:
-    from .stats import percentile
-
     return judged(text, spread(values), percentile(values, 50), goal)

@@ -8,7 +8,7 @@ import sys
 from datetime import datetime
 from typing import TextIO
 
-from .report import _f, _x, write_json
+from .report import fmt_num, fmt_ratio, write_json
 from .stats import DIST, INT, NUM, OPT_NUM, RATIO, REQUEST, STR, TOTALS
 
 RUN = {
@@ -225,10 +225,10 @@ def _throughput(rows: list[dict], s: dict, out: TextIO) -> None:
         hf, q = r["hf"] or {}, r["ratios"]
         print(
             f"  {r['clients']:>7} {r['repeat'] + 1:>3} {','.join(r['order']):<22} | "
-            f"{_f(r['batched']['tokens_per_s']):>8} {_f(r['serial']['tokens_per_s']):>7} "
-            f"{_f(hf.get('tokens_per_s')):>7} {_f(hf.get('call_tokens_per_s')):>7}       | "
-            f"{_f(q['batched_over_serial'], 2):>7}x "
-            f"{_f(q['batched_over_hf'], 2):>5}x {_f(q['hf_over_serial'], 2):>8}x | "
+            f"{fmt_num(r['batched']['tokens_per_s']):>8} {fmt_num(r['serial']['tokens_per_s']):>7} "
+            f"{fmt_num(hf.get('tokens_per_s')):>7} {fmt_num(hf.get('call_tokens_per_s')):>7}       | "
+            f"{fmt_num(q['batched_over_serial'], 2):>7}x "
+            f"{fmt_num(q['batched_over_hf'], 2):>5}x {fmt_num(q['hf_over_serial'], 2):>8}x | "
             f"{r['batched']['steps']:>4}/{r['serial']['steps']:<4} | {_eq(r['greedy']['batched_vs_serial']):>10} "
             f"{_eq(r['greedy']['hf_vs_serial']):>4}",
             file=out,
@@ -244,8 +244,8 @@ def _lone(lone: dict, out: TextIO) -> None:
     for c in lone["comparisons"]:
         e, b = c["engine"] or {}, c["bare_loop"] or {}
         print(
-            f"  repeat {c['repeat'] + 1} ({','.join(c['order'])}): step ms engine {_f(e.get('step_ms_median'))}, "
-            f"bare {_f(b.get('step_ms_median'))} -> {_f(c['ratios']['engine_step_over_bare'], 3)}x; "
+            f"  repeat {c['repeat'] + 1} ({','.join(c['order'])}): step ms engine {fmt_num(e.get('step_ms_median'))}, "
+            f"bare {fmt_num(b.get('step_ms_median'))} -> {fmt_num(c['ratios']['engine_step_over_bare'], 3)}x; "
             f"greedy identical: {c['greedy_identical']}",
             file=out,
         )
@@ -270,18 +270,18 @@ def _class(c: dict, out: TextIO) -> None:
             r = sc[mode]
             t, p, i = r["metrics"]["ttft_ms"], r["metrics"]["tpot_ms"], r["metrics"]["itl_ms"]
             print(
-                f"  {name:<9} {mode:<8} {r['completed']:>4} {r['failures']:>4} | {_f(t['p50'], 0):>9} "
-                f"{_f(t['p95'], 0):>8} {_f(t['p99'], 0):>8} | {_f(p['p50'], 0):>8} {_f(p['p95'], 0):>6} "
-                f"{_f(p['p99'], 0):>6} | {_f(i['p50'], 0):>7} {_f(i['p95'], 0):>6} {_f(i['p99'], 0):>6} | "
-                f"{_f(r['tokens_per_s']):>6} {r['preemptions']:>7} "
+                f"  {name:<9} {mode:<8} {r['completed']:>4} {r['failures']:>4} | {fmt_num(t['p50'], 0):>9} "
+                f"{fmt_num(t['p95'], 0):>8} {fmt_num(t['p99'], 0):>8} | {fmt_num(p['p50'], 0):>8} {fmt_num(p['p95'], 0):>6} "
+                f"{fmt_num(p['p99'], 0):>6} | {fmt_num(i['p50'], 0):>7} {fmt_num(i['p95'], 0):>6} {fmt_num(i['p99'], 0):>6} | "
+                f"{fmt_num(r['tokens_per_s']):>6} {r['preemptions']:>7} "
                 f"{r['prefix_hit_tokens']:>6} ({r['prefix_hit_requests']} req)",
                 file=out,
             )
         q = sc["ratios"]
         print(
-            f"  {name:<9} batched/serial: p99 TTFT {_f(q['ttft_p99_over_serial'], 3)}x, p50 TTFT "
-            f"{_f(q['ttft_p50_over_serial'], 3)}x, p50 TPOT {_f(q['tpot_p50_over_serial'], 2)}x, tokens/s "
-            f"{_f(q['tokens_per_s_over_serial'], 2)}x; greedy identical {_eq(sc['greedy'])}",
+            f"  {name:<9} batched/serial: p99 TTFT {fmt_num(q['ttft_p99_over_serial'], 3)}x, p50 TTFT "
+            f"{fmt_num(q['ttft_p50_over_serial'], 3)}x, p50 TPOT {fmt_num(q['tpot_p50_over_serial'], 2)}x, tokens/s "
+            f"{fmt_num(q['tokens_per_s_over_serial'], 2)}x; greedy identical {_eq(sc['greedy'])}",
             file=out,
         )
 
@@ -291,4 +291,4 @@ def _ratios(ratios: dict, out: TextIO) -> None:
     for r in ratios.values():
         goal = "" if r["target"] is None else f"{'<=' if r['direction'] == 'max' else '>='} {r['target']:g}"
         verdict = {True: "met", False: "MISSED", None: ""}[r["met"]]
-        print(f"  {r['what']:<66} {_x(r['spread'], 3):>24} {goal:>8} {verdict}", file=out)
+        print(f"  {r['what']:<66} {fmt_ratio(r['spread'], 3):>24} {goal:>8} {verdict}", file=out)

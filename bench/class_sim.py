@@ -15,10 +15,11 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+from model_runner.metrics import p50_p95
+
 from .class_scenario import MIX, QUESTIONS
 from .clients import RequestRecord, now
 from .prompts import prompt_text
-from .stats import percentile
 
 TERMINAL = frozenset({"finished", "cancelled", "error"})
 WORDS_PER_TOKEN = 0.7  # about how many English words a token of this text holds (SmolLM2's tokenizer)
@@ -288,24 +289,15 @@ def summarize(class_: list[_Student], watcher: _Projector | None, seconds: float
     ends = [r.end_at for r in records if r.end_at is not None]
     wall = max(ends) - min(starts) if starts and ends else 0.0
     summary.tokens_per_s = round(summary.tokens / wall, 3) if wall > 0 else None
-    summary.ttft_ms = _p50_p95([r.ttft_ms for r in records])
-    summary.tpot_ms = _p50_p95([r.tpot_ms for r in records])
+    summary.ttft_ms = p50_p95([r.ttft_ms for r in records])
+    summary.tpot_ms = p50_p95([r.tpot_ms for r in records])
     metrics = [r.server_metrics or {} for r in records]
-    summary.server_ttft_ms = _p50_p95([m.get("ttft_ms") for m in metrics])
-    summary.server_tpot_ms = _p50_p95([m.get("tpot_ms") for m in metrics])
+    summary.server_ttft_ms = p50_p95([m.get("ttft_ms") for m in metrics])
+    summary.server_tpot_ms = p50_p95([m.get("tpot_ms") for m in metrics])
     if watcher is not None:
         summary.feed_events, summary.class_stats_seen = watcher.events, watcher.class_stats
         summary.feed_dropped = max(watcher.dropped, watcher.reported_dropped)
     return summary
-
-
-def _p50_p95(values: list[float | None]) -> dict[str, float | None]:
-    kept = [v for v in values if v is not None]
-    return {
-        "p50": None if not kept else round(percentile(kept, 50), 3),
-        "p95": None if not kept else round(percentile(kept, 95), 3),
-        "n": len(kept),
-    }
 
 
 # ---- `kvscope class-sim` ---------------------------------------------------------------------------

@@ -167,9 +167,9 @@ class InProcessClient:
 
     def run(self, job: Job, request_id: str, go: threading.Barrier) -> RequestRecord:
         record = RequestRecord(request_id)
-        handle = _submit(self.engine, job, record, go.wait)
+        handle = submit_job(self.engine, job, record, go.wait)
         if handle is not None:
-            _read(handle, job, record)
+            read_events(handle, job, record)
         return record
 
 
@@ -181,10 +181,10 @@ def run_stepped(engine, job: Job, request_id: str) -> RequestRecord:
     import torch
 
     record = RequestRecord(request_id)
-    handle = _submit(engine, job, record, lambda: None)
+    handle = submit_job(engine, job, record, lambda: None)
     if handle is None:
         return record
-    reader = threading.Thread(target=_read, args=(handle, job, record), name="bench-reader", daemon=True)
+    reader = threading.Thread(target=read_events, args=(handle, job, record), name="bench-reader", daemon=True)
     reader.start()
     with torch.inference_mode():  # as the engine's worker runs its steps
         while not handle.done:
@@ -193,7 +193,7 @@ def run_stepped(engine, job: Job, request_id: str) -> RequestRecord:
     return record
 
 
-def _submit(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
+def submit_job(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
     """Validate and submit; a refusal (bad payload, queue full, prompt too long) is recorded as
     the request's error outcome, and None returned."""
     try:
@@ -213,7 +213,7 @@ def _submit(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
     return handle
 
 
-def _read(handle, job: Job, record: RequestRecord) -> None:
+def read_events(handle, job: Job, record: RequestRecord) -> None:
     """Take the handle's events until the terminal one, cancelling when the job says so."""
     cancelled = False
     while True:

@@ -2,7 +2,8 @@
 one process, each in its own engine, all stepped on one thread; in turns whose order rotates every
 repeat, a lone client (decode tokens/s, prefill) and N concurrent clients (aggregate tokens/s); then
 greedy answers to the fixed quality prompts, one at a time, compared token for token with the first
-route's; ratios against the first route, weights and KV-cache bytes per token."""
+route's; ratios against the first route, weights and KV-cache bytes per token; with `--anchor
+llamacpp`, llama.cpp on the same GGUF and token ids in the same run (bench/anchor.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import torch
 from model_runner.errors import UserError
 from model_runner.loading.loader import DTYPE_CHOICES
 
-from .clients import Job, RequestRecord, _read, _submit
+from .clients import Job, RequestRecord, read_events, submit_job
+from .machine import load_average, machine_info
 from .prompts import fit_prompt
 from .ratios import greedy_equality, judged, outputs
 from .stats import spread
@@ -30,8 +32,10 @@ from .stats import spread
 DEFAULT_ROUTES = "float32,auto"
 QUALITY_FILE = Path("data") / "quality_prompts.json"
 DEFAULTS = {"prompt": 64, "output": 32, "clients": 8, "repeats": 3, "quality_tokens": 32}
-LONE_GOAL = ("min", 2.5)  # issue 17: the new default's lone decode tokens/s over float32's
-BATCHED_GOAL = ("min", 1.0)  # and no lower aggregate tokens/s at 8 clients
+LONE_GOAL = ("min", 2.5)  # issues 17 and 25: the default's lone decode tokens/s over float32's
+BATCHED_GOAL = ("min", 1.5)  # issue 25: aggregate tokens/s at 8 clients
+PREFILL_GOAL = ("max", 1.0)  # issue 25: prefill time no longer than float32's
+ANCHOR_GOAL = ("min", 0.8)  # issue 25: lone decode tokens/s over llama.cpp's on the same GGUF
 
 
 def parse_routes(text: str) -> list[str]:
@@ -94,9 +98,9 @@ def run_stepped_all(engine, payloads: list[dict], prefix: str) -> tuple[list[Req
     """All the requests submitted at once, then this thread runs the engine's step() until every one
     has ended (readers take their events meanwhile); (records, first send -> last terminal event)."""
     records = [RequestRecord(f"{prefix}-{i}") for i in range(len(payloads))]
-    handles = [_submit(engine, Job(p), r, lambda: None) for p, r in zip(payloads, records)]
+    handles = [submit_job(engine, Job(p), r, lambda: None) for p, r in zip(payloads, records)]
     readers = [
-        threading.Thread(target=_read, args=(h, Job(p), r), name="bench-reader", daemon=True)
+        threading.Thread(target=read_events, args=(h, Job(p), r), name="bench-reader", daemon=True)
         for h, p, r in zip(handles, payloads, records)
         if h is not None
     ]
@@ -136,7 +140,7 @@ def _batched(engine, payloads: list[dict], tag: str) -> dict:
 
 
 def run_dtypes(args: argparse.Namespace) -> int:
-    routes = parse_routes(args.dtypes)
+    routes = parse_routes(args.dtypes or DEFAULT_ROUTES)  # `--anchor llamacpp` alone compares the default routes
     if args.via_websocket or args.batching or args.class_scenario or args.quick:
         raise UserError(
             "--dtypes runs its own in-process engines, one per route; leave out --via-websocket, --batching, "
@@ -148,18 +152,17 @@ def run_dtypes(args: argparse.Namespace) -> int:
     clients = (args.concurrency or (DEFAULTS["clients"],))[0]
     repeats = args.repeats or DEFAULTS["repeats"]
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
-    from .runner import _load, machine_info
 
     started_at, t0 = datetime.now(UTC), time.monotonic()
     engines: dict[str, Any] = {}
     for route in routes:
         print(f"kvscope bench --dtypes: loading {args.model} with --dtype {route}", file=sys.stderr, flush=True)
         engines[route] = _engine(args, route, clients)
-    report = measure(args, engines, prompt_target, output, clients, repeats)
+    report = measure_routes(args, engines, prompt_target, output, clients, repeats)
     report["machine"] = {
         **machine_info(engines[routes[0]].loaded.facts),
         "load_average_start": report.pop("_load_start"),
-        "load_average_end": _load(),
+        "load_average_end": load_average(),
     }
     report["started_at"] = started_at.isoformat(timespec="seconds")
     report["duration_s"] = round(time.monotonic() - t0, 1)
@@ -171,11 +174,9 @@ def run_dtypes(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(args, engines: dict, prompt_target: int, output: int, clients: int, repeats: int) -> dict:
-    from .runner import _load
-
+def measure_routes(args, engines: dict, prompt_target: int, output: int, clients: int, repeats: int) -> dict:
     routes = list(engines)
-    load_start = _load()
+    load_start = load_average()
     first = engines[routes[0]]
     prompts = [fit_prompt(first.describe_prompt, prompt_target, variant=i) for i in range(clients)]
     payloads = [{"messages": p.messages, "max_new_tokens": output} for p in prompts]
@@ -198,6 +199,7 @@ def measure(args, engines: dict, prompt_target: int, output: int, clients: int, 
             outputs(run_stepped_all(engine, [p], f"quality-{route}-{i}")[0])[0] for i, p in enumerate(quality)
         ]
     rows = {route: _row(engines[route], runs[route], answers[route], answers[routes[0]]) for route in routes}
+    anchor = _anchor(args, first, payloads[0], quality, output, repeats, answers[routes[0]])
     return {
         "kind": "kvscope-bench-dtypes",
         "version": 1,
@@ -214,7 +216,8 @@ def measure(args, engines: dict, prompt_target: int, output: int, clients: int, 
             "sampling": "greedy",
         },  # fmt: skip
         "routes": rows,
-        "ratios": _ratios(rows, runs, routes, clients),
+        "ratios": {**_ratios(rows, runs, routes, clients), **_anchor_ratios(rows, anchor)},
+        **({"anchor": anchor} if anchor is not None else {}),
     }
 
 
@@ -225,7 +228,7 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
     return {
         "facts": facts.to_dict(),
         "load_s": round(engine.loaded.load_s, 2),
-        "measured_kv_bytes_per_token": engine.pool.measured_bytes(1),
+        "tensor_kv_bytes_per_token": engine.pool.computed_bytes(1),  # computed from the pool tensor's layout
         "lone_decode_tokens_per_s": spread(lone),
         "prefill_ms": spread([r["prefill_ms"] for r in runs["lone"] if r["prefill_ms"] is not None]),
         "step_ms": spread([r["step_ms_median"] for r in runs["lone"] if r["step_ms_median"] is not None]),
@@ -239,15 +242,61 @@ def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
     """Each route over the reference, repeat by repeat (the same turn of the same run), then the median."""
     ref, report = routes[0], {}
     for route in routes[1:]:
-        for key, field_, goal, what in (
-            ("lone", "decode_tokens_per_s", LONE_GOAL, "lone client: decode tokens/s"),
-            ("batched", "tokens_per_s", BATCHED_GOAL, f"{clients} clients: aggregate tokens/s"),
+        for name, key, field_, goal, what in (
+            ("lone", "lone", "decode_tokens_per_s", LONE_GOAL, "lone client: decode tokens/s"),
+            ("prefill", "lone", "prefill_ms", PREFILL_GOAL, "lone client: prefill time"),
+            ("batched", "batched", "tokens_per_s", BATCHED_GOAL, f"{clients} clients: aggregate tokens/s"),
         ):
             values = [
                 a[field_] / b[field_] for a, b in zip(runs[route][key], runs[ref][key]) if a[field_] and b[field_]
             ]
             value = median(values) if values else None
-            report[f"{key}_{route}_over_{ref}"] = judged(f"{what}, {route} / {ref}", spread(values), value, goal)
+            report[f"{name}_{route}_over_{ref}"] = judged(f"{what}, {route} / {ref}", spread(values), value, goal)
+    return report
+
+
+def _anchor(args, engine, lone: dict, quality: list[dict], output: int, repeats: int, reference: list):
+    """llama.cpp on the bundled GGUF with the token ids the engine's chat template gives (None without
+    --anchor); its greedy answers compared with the reference route's."""
+    if not getattr(args, "anchor", None):
+        return None
+    from model_runner.loading.loader import find_default_gguf
+    from model_runner.request import parse_generate
+    from model_runner.text.prompt import plan
+
+    from .anchor import run_anchor
+
+    if args.model != "default":
+        return {"available": False, "why": "the llama.cpp anchor runs the bundled GGUF only (--model default)"}
+    window = engine.loaded.facts.context_window
+
+    def ids(payload: dict) -> list[int]:
+        return plan(engine.loaded.tokenizer, parse_generate(payload), window).ids
+
+    print("  llama.cpp anchor: the lone prompt, then the quality prompts", file=sys.stderr, flush=True)
+    tokens = DEFAULTS["quality_tokens"]
+    result = run_anchor(find_default_gguf(), ids(lone), repeats, [ids(q) for q in quality], output, tokens,
+                        torch.get_num_threads())  # fmt: skip
+    if result["available"]:
+        result["lone_decode_tokens_per_s"] = spread([v for v in result["lone_decode_tokens_per_s"] if v])
+        result["prefill_ms"] = spread([v for v in result["prefill_ms"] if v is not None])
+        result["agreement"] = agreement(result.pop("quality_answers"), reference)
+    return result
+
+
+def _anchor_ratios(rows: dict, anchor: dict | None) -> dict:
+    """Each route's median lone decode tokens/s over llama.cpp's (separate turns of one run, so medians)."""
+    if not anchor or not anchor.get("available"):
+        return {}
+    theirs = anchor["lone_decode_tokens_per_s"]["median"]
+    report = {}
+    for route, row in rows.items():
+        ours = row["lone_decode_tokens_per_s"]["median"]
+        value = ours / theirs if ours and theirs else None
+        report[f"lone_{route}_over_llamacpp"] = judged(
+            f"lone client: decode tokens/s, {route} / llama.cpp (medians)", spread([value] if value else []), value,
+            ANCHOR_GOAL,
+        )  # fmt: skip
     return report
 
 
@@ -309,7 +358,8 @@ def print_report(report: dict, out: TextIO) -> None:
                 f"first differences (prompt@token): {firsts}",
                 file=out,
             )
-    print("\nratios (median over repeats [min-max]) and issue 17's targets:", file=out)
+    _print_anchor(report.get("anchor"), out)
+    print("\nratios (median over repeats [min-max]) and issue 25's targets:", file=out)
     for r in report["ratios"].values():
         sp = r["spread"]
         verdict = {True: "met", False: "MISSED", None: "-"}[r["met"]]
@@ -318,3 +368,18 @@ def print_report(report: dict, out: TextIO) -> None:
             f"(target {r['direction']} {r['target']}: {verdict})",
             file=out,
         )
+
+
+def _print_anchor(anchor: dict | None, out: TextIO) -> None:
+    if anchor is None:
+        return
+    if not anchor["available"]:
+        print(f"\nllama.cpp anchor: not run: {anchor['why']}", file=out)
+        return
+    a = anchor["agreement"]
+    print(
+        f"\nllama.cpp anchor ({anchor['engine']}, {anchor['threads']} threads, same GGUF and token ids): lone decode "
+        f"{_f(anchor['lone_decode_tokens_per_s']['median'])} tok/s, prefill {_f(anchor['prefill_ms']['median'])} ms; "
+        f"{a['identical']}/{a['compared']} quality answers identical to the reference route's",
+        file=out,
+    )

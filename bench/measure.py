@@ -8,7 +8,10 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from model_runner import cost
 from model_runner.errors import UserError
+from model_runner.metrics import percentile
+from serving_experiments import roofline
 
 from . import baselines as bl
 from .clients import Job, RequestRecord, run_jobs, run_stepped
@@ -16,7 +19,7 @@ from .grid import CACHE_OFF_TOKENS, Cell, Grid, cells_of
 from .progress import Progress, work
 from .prompts import Prompt
 from .ratios import totals
-from .stats import METRICS, describe, latency_samples, percentile
+from .stats import METRICS, describe, latency_samples
 from .target import Target
 
 
@@ -25,7 +28,7 @@ class Bench:
         self.args, self.target, self.grid = args, target, grid
         self.model = target.loaded.model
         self.facts = target.loaded.facts
-        self.shape = bl.Shape.of(self.facts, self.model.config)
+        self.shape = cost.shape_of(target.loaded)
         self.eos = target.loaded.tokenizer.eos_ids
         self.hf_tokenizer = getattr(target.loaded.tokenizer, "tok", None)
         self.baselines = not args.no_baselines
@@ -57,12 +60,13 @@ class Bench:
 
     def measure_ceilings(self) -> None:
         """Called before and after the grid; the best of the two stands, since on a shared machine a
-        ceiling measured while others were busy would make every fraction look better than it is."""
+        ceiling measured while others were busy would make every fraction look better than it is. The
+        compute ceiling is measured in the kernel the layers run (the route's int4/int8 kernel, or a matmul)."""
         import torch
 
         device = torch.device(self.facts.device)
-        copy = self.on_thread(bl.copy_bandwidth, device)
-        matmul = self.on_thread(bl.matmul_rate, device, getattr(torch, self.facts.dtype))
+        copy = self.on_thread(roofline.copy_bandwidth, device)
+        matmul = self.on_thread(roofline.compute_rate, device, self.shape.route)
         if self.ceilings:
             copy = max(copy, self.ceilings["copy"], key=lambda m: m["gb_per_s"])
             matmul = max(matmul, self.ceilings["matmul"], key=lambda m: m["gflop_per_s"])

@@ -11,7 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from .stats import DEFINITIONS, METRICS, SCHEMA, percentile, validate
+from model_runner.metrics import percentile
+
+from .stats import DEFINITIONS, METRICS, SCHEMA, validate
 
 LABELS = {
     "queue_ms": "queue",
@@ -55,11 +57,13 @@ def write_json(
 # ---- the table ---------------------------------------------------------------------------------
 
 
-def _f(x: float | None, digits: int = 1) -> str:
+def fmt_num(x: float | None, digits: int = 1) -> str:
+    """A number for the tables, thousands separated; "-" when unknown."""
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
-def _x(spread: dict, digits: int = 2) -> str:
+def fmt_ratio(spread: dict, digits: int = 2) -> str:
+    """A ratio's median with its min-max over the repeats, as 1.23x [1.10-1.40]."""
     if spread["median"] is None:
         return "-"
     return f"{spread['median']:.{digits}f}x [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
@@ -78,7 +82,8 @@ def print_report(report: dict, out: TextIO) -> None:
         f"machine: {machine['platform']}, {machine['cpu_count']} CPUs"
         + (f", load average {load[0]:.2f} at the start" if load else "")
         + f"; measured ceilings: copy {ceil['copy_gb_per_s']:.1f} GB/s (read+write), "
-        f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s",
+        f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s"
+        + (f" ({ceil['matmul']['what']})" if "matmul" in ceil else ""),  # the kernel the layers run
         file=out,
     )
     print(f"command: {report['command']}", file=out)
@@ -119,22 +124,22 @@ def _cells(cells: list[dict], delivery: tuple[str, ...], out: TextIO) -> None:
             f"\nprompt {c['prompt_tokens']} tokens x up to {c['output_tokens_target']} out x {c['concurrency']} "
             f"client(s), {c['repeats']} repeat(s): {t['requests']} requests = {t['completed']} completed + "
             f"{t['timeouts']} timeouts + {t['cancelled']} cancelled + {t['errors']} errors; "
-            f"{_f(c['output_tokens']['mean'])} tokens out on average, {_f(c['throughput_tokens_per_s'])} tokens/s",
+            f"{fmt_num(c['output_tokens']['mean'])} tokens out on average, {fmt_num(c['throughput_tokens_per_s'])} tokens/s",
             file=out,
         )
         print(f"  {'metric':8} {'n':>5} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}", file=out)
         for key in METRICS:
             d = c["metrics"][key]
             print(
-                f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean']):>9} {_f(d['p50']):>9} {_f(d['p90']):>9} "
-                f"{_f(d['p99']):>9}",
+                f"  {LABELS[key]:8} {d['n']:>5} {fmt_num(d['mean']):>9} {fmt_num(d['p50']):>9} {fmt_num(d['p90']):>9} "
+                f"{fmt_num(d['p99']):>9}",
                 file=out,
             )
         for key in delivery:
             d = c[key]
             print(
-                f"  {LABELS[key]:8} {d['n']:>5} {_f(d['mean'], 2):>9} {_f(d['p50'], 2):>9} {_f(d['p90'], 2):>9} "
-                f"{_f(d['p99'], 2):>9}",
+                f"  {LABELS[key]:8} {d['n']:>5} {fmt_num(d['mean'], 2):>9} {fmt_num(d['p50'], 2):>9} {fmt_num(d['p90'], 2):>9} "
+                f"{fmt_num(d['p99'], 2):>9}",
                 file=out,
             )
 
@@ -170,13 +175,13 @@ def _baselines(comparisons: list[dict], out: TextIO) -> None:
         identical = {r["greedy_identical"] for r in rows}
         same = "identical" if identical == {True} else "DIFFERENT" if False in identical else "-"
         print(
-            f"  {p:>6} {o:>5} {len(rows):>4} | {_f(_median(rows, 'engine', 'step_ms_median')):>15} "
-            f"{_f(_median(rows, 'bare_loop', 'step_ms_median')):>7} "
-            f"{_f(_median(rows, 'generate_streamer', 'step_ms_median')):>8} "
-            f"{_x(_spread(rows, 'engine_step_over_bare'), 3):>20} | "
-            f"{_f(_median(rows, 'engine', 'tokens_per_s')):>13} {_f(_median(rows, 'bare_loop', 'tokens_per_s')):>6} "
-            f"{_f(_median(rows, 'generate_streamer', 'tokens_per_s')):>8} "
-            f"{_x(_spread(rows, 'engine_tps_over_generate')):>20} | {same}",
+            f"  {p:>6} {o:>5} {len(rows):>4} | {fmt_num(_median(rows, 'engine', 'step_ms_median')):>15} "
+            f"{fmt_num(_median(rows, 'bare_loop', 'step_ms_median')):>7} "
+            f"{fmt_num(_median(rows, 'generate_streamer', 'step_ms_median')):>8} "
+            f"{fmt_ratio(_spread(rows, 'engine_step_over_bare'), 3):>20} | "
+            f"{fmt_num(_median(rows, 'engine', 'tokens_per_s')):>13} {fmt_num(_median(rows, 'bare_loop', 'tokens_per_s')):>6} "
+            f"{fmt_num(_median(rows, 'generate_streamer', 'tokens_per_s')):>8} "
+            f"{fmt_ratio(_spread(rows, 'engine_tps_over_generate')):>20} | {same}",
             file=out,
         )
 
@@ -189,7 +194,7 @@ def _ratios(ratios: dict, out: TextIO) -> None:
             bounds = f"{r['value_lower']:.2f}-" if r["value_lower"] != r["value"] else ""
             shown = "-" if r["value"] is None else f"{bounds}{r['value']:.2f} ms"
         else:
-            shown = _x(s, 3)
+            shown = fmt_ratio(s, 3)
         goal = "" if r["target"] is None else f"{'<=' if r['direction'] == 'max' else '>='} {r['target']:g}"
         undecided = "undecided" if r["target"] is not None and r["value"] is not None else ""
         verdict = {True: "met", False: "MISSED", None: undecided}[r["met"]]
@@ -211,8 +216,8 @@ def _estimates(cells: list[dict], out: TextIO) -> None:
         e = c["estimates"]
         print(
             f"  {c['prompt_tokens']:>6} {c['output_tokens_target']:>5} {c['concurrency']:>4} | "
-            f"{_f(e['prefill_gflop_per_s']):>8} {_pct(e['prefill_fraction_of_matmul']):>9} | "
-            f"{_f(e['decode_gb_per_s'], 2):>6} {_pct(e['decode_fraction_of_copy']):>8}",
+            f"{fmt_num(e['prefill_gflop_per_s']):>8} {_pct(e['prefill_fraction_of_matmul']):>9} | "
+            f"{fmt_num(e['decode_gb_per_s'], 2):>6} {_pct(e['decode_fraction_of_copy']):>8}",
             file=out,
         )
 
@@ -229,8 +234,8 @@ def _cache_off(probe: dict, out: TextIO) -> None:
     for key, label in (("with_cache", "with the cache"), ("without_cache", "without it")):
         r = probe[key]
         print(
-            f"  {label:15} step 1: {_f(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
-            f"{_f(r['last_step_ms'])} ms (x{_f(r['growth'], 2)}), {r['outcome']}",
+            f"  {label:15} step 1: {fmt_num(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
+            f"{fmt_num(r['last_step_ms'])} ms (x{fmt_num(r['growth'], 2)}), {r['outcome']}",
             file=out,
         )
     on, off = probe["with_cache"]["last_step_ms"], probe["without_cache"]["last_step_ms"]

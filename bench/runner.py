@@ -5,17 +5,15 @@ fit prompts, measure, assemble the report that report.py prints and writes as JS
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any
 
 from model_runner.errors import UserError
 from model_runner.request import LIMITS
 
 from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Grid, cells_of
+from .machine import load_average, machine_info
 from .measure import Bench
 from .progress import Progress, work
 from .prompts import INSTRUCTION, Prompt, fit_prompt
@@ -36,7 +34,7 @@ __all__ = [
     "cells_of",
     "fit_prompt",
     "grid_from",
-    "measure",
+    "measure_grid",
     "ratio_report",
     "run_bench",
     "totals",
@@ -79,6 +77,12 @@ def add_parser(subparsers) -> None:
         help="compare dtype routes in one run (default float32,auto; the first is the reference): lone-client "
         "decode tokens/s, prefill, aggregate tokens/s at --concurrency (default 8) clients, memory, and greedy "
         "agreement on the quality prompts, with ratios (issue 17: auto >= 2.5x float32 alone)",
+    )
+    b.add_argument(
+        "--anchor",
+        choices=["llamacpp"],
+        help="with the --dtypes comparison (implied), run llama.cpp on the same GGUF and token ids in the same run "
+        "(node-llama-cpp 3.21.1's prebuilt CPU binaries, or llama-cpp-python); says so plainly when it is missing",
     )
     b.add_argument(
         "--quick", action="store_true", help=f"a small grid that ends in under 3 minutes on 2 CPU cores ({QUICK_NOTE})"
@@ -183,33 +187,8 @@ def command_line(args: argparse.Namespace, grid: Grid) -> str:
 # ---- one run -----------------------------------------------------------------------------------
 
 
-def machine_info(facts) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": facts.device,
-        "device_name": facts.device_name,
-        "load_average_start": _load(),
-    }
-
-
-def _load() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def run_bench(args: argparse.Namespace) -> int:
-    if getattr(args, "dtypes", None):
+    if getattr(args, "dtypes", None) or getattr(args, "anchor", None):
         from .dtypes import run_dtypes
 
         return run_dtypes(args)
@@ -227,7 +206,7 @@ def run_bench(args: argparse.Namespace) -> int:
     target = open_target(args, max(grid.concurrency))
     bench = Bench(args, target, grid)
     try:
-        report = measure(bench, started_at, t0)
+        report = measure_grid(bench, started_at, t0)
     finally:
         bench.close()
         target.close()
@@ -252,7 +231,7 @@ def fit_prompts(bench: Bench) -> dict[int, Prompt]:
     return prompts
 
 
-def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
+def measure_grid(bench: Bench, started_at: datetime, t0: float) -> dict:
     """The whole run: ceilings, warm-up, the grid, the no-cache probe; returns the report."""
     args, grid = bench.args, bench.grid
     machine = machine_info(bench.facts)
@@ -286,7 +265,7 @@ def measure(bench: Bench, started_at: datetime, t0: float) -> dict:
         )
     if bench.generate_skip:
         bench.notes.append(f"generate+streamer baseline skipped: {bench.generate_skip}")
-    machine["load_average_end"] = _load()
+    machine["load_average_end"] = load_average()
     ok = [r for r in records if r.outcome == "completed"]
     delivery = ([x for r in ok for x in r.delivery_ms], [x for r in ok for x in r.delivery_lower_ms])
     return {

@@ -1,4 +1,4 @@
-"""Distributions and the bench's JSON contract: percentiles as numpy's default (linear) method,
+"""Distributions and the bench's JSON contract: percentiles (model_runner.metrics.percentile, the one definition),
 the metric definitions printed with every table, and a hand-written checker for a small subset of
 JSON Schema (type, properties, additionalProperties, required, items, enum, minimum) that the bench's output must pass."""
 
@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from model_runner.metrics import percentile
 
 # vLLM `bench serve` definitions, measured at the client (the thread or socket that reads events).
 DEFINITIONS = {
@@ -20,16 +22,6 @@ DEFINITIONS = {
     "(in-process the same as delivery, which is exact there)",
 }
 METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between order statistics."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def describe(values: list[float]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Every event a request emits, as frozen dataclasses that serialise to one JSON object each.
 
 Times (`t_ms`) are milliseconds since the request was submitted, on a monotonic clock.
-Each request gets exactly one terminal event: `finished`, `cancelled` or `error`.
+Each request gets exactly one terminal event: `finished`, `cancelled` or `error`. Events take
+keyword arguments only, so a field added or reordered can never shift another's value.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ SCHEMA_VERSION = 1
 TERMINAL_TYPES = frozenset({"finished", "cancelled", "error"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Candidate:
     id: int
     text: str
     prob: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Event:
     type: ClassVar[str] = "event"
     request_id: str
@@ -38,7 +39,7 @@ class Event:
         return self.type in TERMINAL_TYPES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Accepted(Event):
     """The request passed validation; the prompt is counted and the context budget decided."""
 
@@ -54,7 +55,7 @@ class Accepted(Event):
     prefill_chunk: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Queued(Event):
     type: ClassVar[str] = "queued"
     position: int  # 1 = next to run
@@ -62,7 +63,7 @@ class Queued(Event):
     reason: str = ""  # why it waits: next to run, batch full, KV blocks, static batch, preempted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrefillStart(Event):
     type: ClassVar[str] = "prefill_start"
     prompt_tokens: int
@@ -70,7 +71,7 @@ class PrefillStart(Event):
     cached_tokens: int = 0  # prompt tokens whose KV blocks came from the prefix cache, not computed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrefillChunk(Event):
     type: ClassVar[str] = "prefill_chunk"
     start: int
@@ -79,7 +80,7 @@ class PrefillChunk(Event):
     cache_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrefillEnd(Event):
     type: ClassVar[str] = "prefill_end"
     tokens: int
@@ -94,7 +95,7 @@ class PrefillEnd(Event):
     batch_size: int = 1  # requests that shared the step
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Token(Event):
     type: ClassVar[str] = "token"
     index: int  # 0 = the first generated token (it came from the prefill logits)
@@ -112,7 +113,22 @@ class Token(Event):
     batch_size: int = 1  # requests whose tokens shared this step's forward pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Attention(Event):
+    """Which cached positions were read to choose token `index` (requests with `inspect.attention`):
+    the attention of the step's last query (position `query_position`) over the `positions` cached
+    ones, from the model's own forward. Sent just before that token's `token` event."""
+
+    type: ClassVar[str] = "attention"
+    index: int  # the token this attention chose (0: from the prefill)
+    query_position: int  # the query's position; it reads positions 0 … query_position
+    positions: int
+    bin_width: int  # positions per histogram bin
+    all: dict[str, Any]  # the mean over layers of each layer's mean over heads: {top, bins}
+    layers: list[dict[str, Any]]  # per layer: {mean: {top, bins}, sharpest: {head, entropy, top}}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Preempted(Event):
     """The KV pool ran out: the request gave its blocks back and waits to recompute its tokens."""
 
@@ -121,7 +137,7 @@ class Preempted(Event):
     tokens: int  # tokens (prompt + answer so far) it will prefill again
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
     """A preempted request is admitted again and recomputes its tokens in one prefill."""
 
@@ -129,7 +145,7 @@ class Resumed(Event):
     tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finished(Event):
     type: ClassVar[str] = "finished"
     reason: str  # eos | max_tokens | stop_string | context_full | timeout
@@ -139,7 +155,7 @@ class Finished(Event):
     metrics: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cancelled(Event):
     type: ClassVar[str] = "cancelled"
     reason: str  # always "cancelled", so `reason` reads the same on every terminal event
@@ -150,7 +166,7 @@ class Cancelled(Event):
     metrics: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Error(Event):
     type: ClassVar[str] = "error"
     code: str
@@ -167,6 +183,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PrefillChunk,
         PrefillEnd,
         Token,
+        Attention,
         Preempted,
         Resumed,
         Finished,

@@ -1,7 +1,9 @@
 """The engine's interface, declared: what the web app may call on whichever engine runs behind it
 (the built-in `Engine` or the `RemoteEngine` in front of an OpenAI-compatible server), plus the
 capability only the local engine has (admission holds, the KV pool, feed text, the loaded model).
-The app asks `engine.local` for that capability instead of probing attributes: None means remote."""
+The app asks `engine.local` for that capability instead of probing attributes: None means remote.
+What both engines do alike is written once, in model_runner/core/base.py; tests/unit/test_interface.py
+checks that each engine defines every member declared here, with the same parameters."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ if TYPE_CHECKING:  # types only: the ground floor imports nothing above it at ru
     from model_runner.core.sequence import Sequence
     from model_runner.core.stream import RequestHandle
     from model_runner.loading.loader import LoadedModel, ModelFacts
+    from model_runner.remote.facts import RemoteFacts
     from model_runner.request import GenerateParams
 
+# Told of each request's end: fn(its sequence, its terminal event as a dict).
 EndListener = Callable[["Sequence", dict[str, Any]], None]
 
 
@@ -26,7 +30,11 @@ class LocalControls(Protocol):
 
     loaded: LoadedModel | None
     pool: PagedKVPool | None
-    tokens_generated: int  # every token chosen since start (the class view's tokens/s)
+
+    @property
+    def tokens_generated(self) -> int:
+        """Every token chosen since start (the class view's tokens/s)."""
+        ...
 
     @property
     def paused(self) -> bool: ...
@@ -55,7 +63,9 @@ class EngineInterface(Protocol):
     def health(self) -> tuple[bool, str]: ...
 
     @property
-    def facts(self) -> ModelFacts | None: ...
+    def facts(self) -> ModelFacts | RemoteFacts | None:
+        """The model's facts once loaded (or the remote server answered); None before."""
+        ...
 
     @property
     def local(self) -> LocalControls | None:
@@ -76,7 +86,9 @@ class EngineInterface(Protocol):
     def active(self) -> int: ...
 
     @property
-    def policy(self) -> Policy | None: ...
+    def policy(self) -> Policy | None:
+        """The scheduling policy now; None where the remote server schedules (set_policy refuses)."""
+        ...
 
     def set_policy(self, changes: dict[str, Any] | None = None, /, **more: Any) -> Policy: ...
 

@@ -3,7 +3,8 @@
 bytes = 2 (keys and values) × layers × KV heads × head dim × bytes per element × cached positions × sequences.
 Besides the formula: paged-vs-contiguous allocation for a mix of request lengths, weights bytes, and the
 reverse solve (how many sequences, or how many positions, fit in a memory size). static/js/calculator/
-kv-math.js mirrors these functions; static/data/kv_golden.json holds the cases both must reproduce.
+kv-math.js mirrors these functions; static/data/kv_golden.json holds the cases both must reproduce. Models that
+are not one group of full attention (MLA, windows, chunks, states, shared layers, scales, TP): kv_layers.py.
 """
 
 from __future__ import annotations

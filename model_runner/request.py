@@ -59,6 +59,12 @@ class GenerateParams:
     prefill_chunk: int = 0  # 0 = the whole prompt in one forward pass
     overflow: str = "reject"
     timeout_s: float | None = None  # None = the engine's server-side limit
+    # False: the one message's content is the prompt as written, without the chat template
+    # (POST /v1/completions sets it; the WebSocket protocol has no such field).
+    chat_template: bool = True
+    # True: each generated token also sends which cached positions its query read (an `attention`
+    # event); `"inspect": {"attention": true}` on the wire.
+    inspect_attention: bool = False
 
 
 # ---- validation -----------------------------------------------------------------------------
@@ -165,6 +171,17 @@ def _stop(data: dict) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def _inspect_attention(data: dict) -> bool:
+    raw = data.get("inspect") or {}
+    if not isinstance(raw, dict):
+        raise UserError('`inspect` must be an object such as {"attention": true}', field="inspect")
+    _refuse_unknown(raw, INSPECT_FIELDS, "inspect")
+    value = raw.get("attention", False)
+    if not isinstance(value, bool):
+        raise UserError(f"`inspect.attention` must be true or false, got {json_repr(value)}", field="inspect.attention")
+    return value
+
+
 def _timeout(data: dict) -> float | None:
     value = data.get("timeout_s")
     if value is None:
@@ -195,10 +212,12 @@ FIELDS = (
     "prefill_chunk",
     "overflow",
     "timeout_s",
+    "inspect",
 )
 FRAME_FIELDS = ("type", "request_id")
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 MESSAGE_FIELDS = ("role", "content")
+INSPECT_FIELDS = ("attention",)
 
 
 def _refuse_unknown(data: dict, known: tuple[str, ...], where: str = "") -> None:
@@ -247,6 +266,7 @@ def parse_generate(data: Any) -> GenerateParams:
         prefill_chunk=_int_in(data, "prefill_chunk", 0, LIMITS["prefill_chunk"], 0),
         overflow=_choice(data, "overflow", OVERFLOW_POLICIES, "reject"),
         timeout_s=_timeout(data),
+        inspect_attention=_inspect_attention(data),
     )
     _refuse_unknown(data, FIELDS + FRAME_FIELDS)
     if params.prefill_chunk and not params.kv_cache:
@@ -254,5 +274,11 @@ def parse_generate(data: Any) -> GenerateParams:
             "`prefill_chunk` needs the KV cache: each chunk of the prompt attends to the keys and "
             "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
             field="prefill_chunk",
+        )
+    if params.inspect_attention and not params.kv_cache:
+        raise UserError(
+            "`inspect.attention` shows what each new token reads from the KV cache, so it needs the cache; "
+            "set `kv_cache` to true or `inspect.attention` to false",
+            field="inspect.attention",
         )
     return params

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import subprocess
 from datetime import datetime, timezone
 
 from model_runner.events import EVENT_TYPES, TERMINAL_TYPES
@@ -15,7 +16,9 @@ FORMAT, VERSION = "kvscope-trace", 1
 REQUEST_ID = "walkthrough-example"
 
 # The walkthrough's example: a system prompt, one earlier exchange, a retrieved passage and the new
-# question; greedy, so a live run of the same model repeats the recorded text.
+# question; greedy, so a live run of the same model repeats the recorded text. The question asks about
+# the passage, which the 135M model answers correctly on the int4 route (asked why the cache grows, it
+# wrote a repetitive, wrong sentence).
 EXAMPLE_REQUEST = {
     "messages": [
         {"role": "system", "content": "You are a concise assistant. Answer in one or two plain sentences."},
@@ -30,7 +33,7 @@ EXAMPLE_REQUEST = {
             "content": "While it generates, a transformer keeps the keys and values of every "
             "earlier position in a KV cache, so each new step only computes the newest token.",
         },
-        {"role": "user", "content": "Why does the KV cache grow while the model answers?"},
+        {"role": "user", "content": "According to the passage, what does a transformer keep while it generates?"},
     ],
     "max_new_tokens": 40,
     "sampling": {"temperature": 0, "top_k": None, "top_p": 1.0, "seed": None},
@@ -112,6 +115,30 @@ def machine_load(before: tuple[float, float, float], after: tuple[float, float, 
     }
 
 
+ROUTE_FIELDS = ("dtype_route", "weights_dtype", "quantization", "kv_dtype", "dtype_reason")
+
+
+def route_of(facts: dict) -> dict:
+    """The route a run was recorded on, as its model facts name it: the --dtype value that reproduces it,
+    the weights' dtype, their quantization, the KV cache's dtype and why that route ran."""
+    return {key: facts.get(key, "") for key in ROUTE_FIELDS}
+
+
+def host_context() -> dict:
+    """What else sets a recording's times: the CPU's vector capability (what `--dtype auto` routes by)
+    and the machine's `uptime` line (its load over 1, 5 and 15 minutes) when the run ended."""
+    import torch
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "uptime": uptime_line()}
+
+
+def uptime_line() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no `uptime` here: the same three load averages
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> dict:
     """Runs `request` on a ready engine and returns the trace of that run, every event in arrival order."""
     from model_runner.request import parse_generate
@@ -124,7 +151,11 @@ def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> 
         "format": FORMAT,
         "version": VERSION,
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "recorded_on": machine_load(loads_before, os.getloadavg()),
+        "recorded_on": {
+            **machine_load(loads_before, os.getloadavg()),
+            **host_context(),
+            "route": route_of(engine.facts.to_dict()),
+        },
         "model": engine.facts.to_dict(),
         "request": request,
         "prompt": prompt,
@@ -135,9 +166,10 @@ def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> 
     return trace
 
 
-def warm_up(engine) -> None:
-    """One short request first, so the recording shows a running server, not first-call set-up costs."""
+def warm_up(engine, new_tokens: int = 8) -> None:
+    """One short request first, so the recording shows a running server, not first-call set-up costs
+    (a fresh process's first decode steps are slow: one is not enough on the int4 route)."""
     from model_runner.request import parse_generate
 
-    for _ in engine.submit(parse_generate({**EXAMPLE_REQUEST, "max_new_tokens": 2}), "warm-up"):
+    for _ in engine.submit(parse_generate({**EXAMPLE_REQUEST, "max_new_tokens": new_tokens}), "warm-up"):
         pass

@@ -1,6 +1,7 @@
 """Records static/data/serving-trace.json: every serving-chapter experiment run on the real model (an
 in-process app by default, or a started server with --url), each answer checked against the contract
-before the file is written, with the machine and its load when it was recorded.
+before the file is written, with the route the model ran on (`--dtype auto`: int4 on an AVX-512 CPU),
+the machine and its load (`uptime`) when it was recorded.
 
     .venv/bin/python scripts/record_serving_trace.py            # in-process, the default model
     .venv/bin/python scripts/record_serving_trace.py --url http://127.0.0.1:8000
@@ -22,26 +23,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serving_experiments import experiments as lab  # noqa: E402
+from model_runner.trace import host_context, route_of, warm_up  # noqa: E402
+from serving_experiments.contract import check_trace  # noqa: E402
+from serving_experiments.registry import EXPERIMENTS  # noqa: E402
 
 OUT = ROOT / "static" / "data" / "serving-trace.json"
 
 
-def in_process(model: str):
-    """(post(name) → (status, body), model name, close) on an app around a freshly loaded engine."""
+def in_process(model: str, dtype: str):
+    """(post(name) → (status, body), model facts, close) on an app around a freshly loaded engine."""
     from app import create_app
     from model_runner.core.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(model=model)).start()
+    # a busy machine stretches the runs; a request's time limit must not cut an experiment short
+    engine = Engine(EngineConfig(model=model, dtype=dtype, timeout_s=600.0)).start()
     engine.wait_ready(900)
+    warm_up(engine)  # the first decode steps of a fresh process pay one-off costs (1 s a step on int4 here)
     client = create_app({"ENGINE": engine, "ALLOW_POLICY_CHANGES": True}).test_client()
 
     def post(name: str, params: dict):
         response = client.post(f"/api/experiments/{name}", json=params)
         return response.status_code, response.json
 
-    facts = engine.facts  # the weights' route (float32, int8, ...) beside the name: it sets the numbers
-    return post, f"{facts.name}, {getattr(facts, 'dtype_route', '') or facts.dtype}", engine.shutdown
+    return post, engine.facts.to_dict(), engine.shutdown
 
 
 def remote(url: str):
@@ -59,19 +63,20 @@ def remote(url: str):
 
     with urllib.request.urlopen(f"{url.rstrip('/')}/api/model", timeout=30) as response:
         facts = json.load(response)["facts"] or {}
-    return post, facts.get("name"), lambda: None
+    return post, facts, lambda: None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a started kvscope server (policy changes allowed); default: in-process")
     parser.add_argument("--model", default="default", help="in-process model (default: the bundled SmolLM2)")
+    parser.add_argument("--dtype", default="auto", help="in-process weights' route (default: auto, as served)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", nargs="*", help="record only these experiments (merged into an existing file)")
     args = parser.parse_args(argv)
-    post, model_name, close = remote(args.url) if args.url else in_process(args.model)
+    post, facts, close = remote(args.url) if args.url else in_process(args.model, args.dtype)
     load_start = os.getloadavg()[0]
-    names = args.only or list(lab.EXPERIMENTS)
+    names = args.only or list(EXPERIMENTS)
     old = json.loads(args.out.read_text()) if args.only and args.out.exists() else {"experiments": {}}
     experiments = dict(old["experiments"])
     try:
@@ -92,11 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             "load_1m": round(load_start, 2),
             "load_1m_end": round(os.getloadavg()[0], 2),
             "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "model": model_name,
+            # the weights' route beside the name: it sets the numbers (the page names it with the run)
+            "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
+            "route": route_of(facts),
+            "cpus": os.cpu_count(),
+            **host_context(),  # of the machine running this script (the server's, in-process)
         },
         "experiments": experiments,
     }
-    problems = lab.check_trace(trace)
+    problems = check_trace(trace)
     if problems:
         print("not written: " + "; ".join(problems), file=sys.stderr)
         return 1

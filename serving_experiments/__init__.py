@@ -1,2 +1,3 @@
-"""The serving chapter's experiments: each one runs on a live engine and builds its result from the
-engine feed; the contract checks and the roofline's arithmetic sit beside them."""
+"""The serving chapter's experiments: a job harness (harness), the experiments themselves, one module
+each (experiments/), their registry (registry), the contract checks (contract), speculative decoding's
+algorithm (speculative) and the roofline's arithmetic (roofline)."""

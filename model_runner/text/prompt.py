@@ -85,9 +85,11 @@ def _source(start: int, end: int, labels) -> tuple[str, int | None]:
     return window[0]
 
 
-def render(tokenizer, messages: tuple[Message, ...]) -> PromptView:
+def render(tokenizer, messages: tuple[Message, ...], chat_template: bool = True) -> PromptView:
+    """The prompt's tokens with their provenance; without `chat_template` the messages' text is the
+    prompt as written (a raw completion: no template, no special tokens added)."""
     chat = [{"role": TEMPLATE_ROLE.get(m.role, m.role), "content": m.content} for m in messages]
-    rendered = tokenizer.render_chat(chat)
+    rendered = tokenizer.render_chat(chat) if chat_template else "".join(m.content for m in messages)
     ids, offsets = tokenizer.encode(rendered)
     labels = _char_labels(rendered, _content_spans(rendered, messages), messages, tokenizer)
     tokens, content = [], 0
@@ -124,7 +126,7 @@ def _droppable(messages: tuple[Message, ...]) -> int | None:
 def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
     """Render the prompt and apply the overflow policy; raise UserError when it cannot fit."""
     messages, dropped = params.messages, 0
-    view = render(tokenizer, messages)
+    view = render(tokenizer, messages, params.chat_template)
     new = params.max_new_tokens
     action = "none"
     if view.prompt_tokens + new > context_window:
@@ -132,7 +134,7 @@ def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
             while view.prompt_tokens + new > context_window and (i := _droppable(messages)) is not None:
                 messages = messages[:i] + messages[i + 1 :]
                 dropped += 1
-                view = render(tokenizer, messages)
+                view = render(tokenizer, messages, params.chat_template)
             action = "truncated_history" if dropped else "none"
         elif params.overflow == "shrink_output" and view.prompt_tokens < context_window:
             new = context_window - view.prompt_tokens

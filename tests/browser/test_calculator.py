@@ -57,8 +57,9 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, con
     expect(out(page, "per-token")).to_have_text(bytes_text(131_072, "128 KiB"))
     expect(out(page, "total")).to_have_text(bytes_text(1_073_741_824, "1 GiB"))
     expect(out(page, "formula")).to_contain_text(
-        "2 (K and V) × 32 layers × 8 KV heads × 128 head dim × 2 B = 131,072 B per token"
+        "32 full-attention layers: 2 (K and V) × 8 KV heads × 128 head dim × 2 B = 4,096 B per position per layer"
     )
+    expect(out(page, "formula")).to_contain_text("32 × 4,096 B = 131,072 B per token")
     expect(page.locator(f"{CALC} .kvc-results h3 .tag-computed")).to_have_text("computed")
     expect(page.locator(f"{CALC} .kvc-assumptions")).to_contain_text("not a measurement")
     expect(page.locator(f'{CALC} abbr[title="gibibytes (2^30 bytes)"]').first).to_have_text("GiB")
@@ -66,7 +67,7 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, con
     for attr, value in {
         "role": "slider",
         "aria-valuemin": "1",
-        "aria-valuemax": "131072",
+        "aria-valuemax": "1048576",
         "aria-valuenow": "8192",
         "aria-valuetext": "8,192 tokens",
         "tabindex": "0",
@@ -108,10 +109,10 @@ def test_keyboard_sliders_reach_the_golden_totals(page, fake_server):
     expect(out(page, "total")).to_have_text(bytes_text(2_147_483_648, "2 GiB"))
     page.keyboard.press("End")
     ctx.focus()
-    page.keyboard.press("End")
-    expect(out(page, "total")).to_have_text(bytes_text(4_398_046_511_104, "4 TiB"))
+    page.keyboard.press("End")  # 1,048,576 positions × 256 sequences × 131,072 B = 2^45 B
+    expect(out(page, "total")).to_have_text(bytes_text(35_184_372_088_832, "32 TiB"))
     page.keyboard.press("PageDown")
-    expect(ctx).to_have_attribute("aria-valuenow", "65536")
+    expect(ctx).to_have_attribute("aria-valuenow", "524288")
 
 
 def test_a_typed_value_between_stops_steps_to_its_neighbours(page, fake_server):
@@ -128,7 +129,7 @@ def test_a_typed_value_between_stops_steps_to_its_neighbours(page, fake_server):
 
 def test_pointer_drags_the_sliders_to_their_ends(page, fake_server):
     open_calc(page, fake_server)
-    for name, top in (("ctx", 131_072), ("seq", 256)):
+    for name, top in (("ctx", 1_048_576), ("seq", 256)):
         slider(page, name).scroll_into_view_if_needed()
         box = slider(page, name).bounding_box()
         y = box["y"] + box["height"] / 2
@@ -137,7 +138,7 @@ def test_pointer_drags_the_sliders_to_their_ends(page, fake_server):
         page.mouse.move(box["x"] + box["width"] + 40, y, steps=4)
         page.mouse.up()
         expect(slider(page, name)).to_have_attribute("aria-valuenow", str(top))
-    expect(out(page, "total")).to_have_text(bytes_text(4_398_046_511_104, "4 TiB"))
+    expect(out(page, "total")).to_have_text(bytes_text(35_184_372_088_832, "32 TiB"))
     box = slider(page, "ctx").bounding_box()
     page.mouse.click(box["x"] + 1, box["y"] + box["height"] / 2)
     expect(slider(page, "ctx")).to_have_attribute("aria-valuenow", "1")
@@ -281,7 +282,8 @@ def test_state_round_trips_through_the_url(page, fake_server):
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     assert parts.fragment == "calculator"  # the walkthrough's hash is left alone
-    assert query["ctx"] == ["2048"] and query["seq"] == ["3"] and query["preset"] == ["custom"]
+    # The cache's element type is storage, not architecture: the model stays the chosen one.
+    assert query["ctx"] == ["2048"] and query["seq"] == ["3"] and query["preset"] == ["opt-13b"]
 
     fresh = page.context.new_page()
     fresh.goto(url)

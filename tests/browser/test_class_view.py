@@ -75,6 +75,12 @@ def open_class(page, server, teacher=True):
     expect(page.locator('[data-class-figure="feed"][data-status="open"]')).to_be_attached(timeout=20_000)
 
 
+def open_more_controls(page) -> None:
+    """Unfold the teacher's detail controls (limits, batching, batch size), folded by default."""
+    page.locator("[data-more-controls] > summary").click()
+    expect(page.locator('[data-control="per_laptop_cap"]')).to_be_visible()
+
+
 def counter(page, name) -> str:
     return page.locator(f'[data-counter="{name}"]').inner_text()
 
@@ -391,7 +397,8 @@ def test_teacher_pauses_resumes_and_cancels_everything(page, class_server, conso
     assert [e["type"] for e in ends] == ["cancelled"] * 3
     expect(page.locator('[data-counter="cancelled"]')).to_have_text("3", timeout=10_000)
     expect(page.locator("[data-control-status]")).to_contain_text("cancelled")
-    # a bad limit: the server's message, naming the field, shows in the status line
+    # a bad limit (folded under "More controls"): the server's message, naming the field, shows in the status line
+    open_more_controls(page)
     page.fill('[data-control="per_laptop_cap"]', "99")
     page.click('form[data-form="limits"] button[type="submit"]')
     expect(page.locator('[data-control-status][data-ok="false"]')).to_contain_text("per_laptop_cap")
@@ -402,6 +409,7 @@ def test_teacher_pauses_resumes_and_cancels_everything(page, class_server, conso
 
 def test_static_batching_shows_in_the_next_steps(page, class_server, console_errors):
     open_class(page, class_server)
+    open_more_controls(page)
     page.select_option('[data-control="batching"]', "static")
     expect(page.locator("[data-policy]")).to_contain_text("static batching", timeout=10_000)
     assert get_json(class_server, "/api/class")["policy"]["batching"] == "static"

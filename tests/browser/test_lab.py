@@ -98,18 +98,27 @@ def import_module(page, path: str, expr: str):
 
 # ---- pure modules (fake server only serves the files) ----------------------------------------
 
-GOLDEN_FLOPS = json.loads(
-    (Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text(encoding="utf-8")
-)["prefill_flops"]["cases"]
+COST = json.loads((Path(__file__).resolve().parents[2] / "static/data/cost_golden.json").read_text(encoding="utf-8"))
+PREFILL_CASES = [c for c in COST["cases"] if c["figure"] == "prefill_flops"]
+TINY = COST["shapes"]["tiny-float32"]
+
+
+def golden(figure: str, shape: str, args: list) -> int:
+    return next(
+        c["value"] for c in COST["cases"] if c["figure"] == figure and c["shape"] == shape and c["args"] == args
+    )
 
 
 def test_prefill_flops_match_the_shared_golden_cases(fake_server, page):
-    """The lab's prefill FLOP count is bench/baselines.py's (tests/unit/test_flops_golden.py checks that one)."""
+    """The lab's prefill FLOP/s is the cost model's count (static/data/cost_golden.json, which cost.py and
+    cost.js both reproduce) over the measured time; without the model's shape (a remote engine) it is null."""
     page.goto(fake_server.url + "/")
+    cases = [{"facts": {"cost_shape": COST["shapes"][c["shape"]]}, "tokens": c["args"][0]} for c in PREFILL_CASES]
     got = import_module(
-        page, "/static/js/lab/metrics.js", f"{json.dumps(GOLDEN_FLOPS)}.map((c) => m.prefillFlops(c.shape, c.tokens))"
+        page, "/static/js/lab/metrics.js", f"{json.dumps(cases)}.map((c) => m.prefillFlopsPerS(c.facts, c.tokens, 500))"
     )
-    assert got == [c["flops"] for c in GOLDEN_FLOPS]
+    assert got == [c["value"] * 2 for c in PREFILL_CASES]
+    assert import_module(page, "/static/js/lab/metrics.js", "m.prefillFlopsPerS({}, 3, 500)") is None
 
 
 def test_sweep_conclusion_follows_the_measured_numbers(fake_server, page):
@@ -154,11 +163,13 @@ def test_metric_math(fake_server, page):
     assert import_module(page, mod, "m.interTokenLatencies([100, 140, 190])") == [40, 50]
     assert import_module(page, mod, "m.timePerOutputToken(1000, 200, 5)") == 200
     assert import_module(page, mod, "m.timePerOutputToken(1000, 200, 1)") is None
-    # The golden tiny case: 5,968 FLOPs (static/data/kv_golden.json) in 0.5 s = 11,936 FLOP/s;
-    # (1000 + 200) bytes in 0.1 s = 12,000 B/s
-    tiny = json.dumps(GOLDEN_FLOPS[0]["shape"])
-    assert import_module(page, mod, f"m.prefillFlopsPerS({tiny}, 3, 500)") == 11_936
-    assert import_module(page, mod, "m.decodeBytesPerS(1000, 200, 100)") == 12_000
+    # The golden tiny shape (static/data/cost_golden.json): its prefill of 3 tokens in 0.5 s, and one decode
+    # step at 100 cached positions in 0.1 s.
+    facts = json.dumps({"cost_shape": TINY})
+    prefill = golden("prefill_flops", "tiny-float32", [3])
+    assert import_module(page, mod, f"m.prefillFlopsPerS({facts}, 3, 500)") == prefill * 2
+    step_bytes = golden("decode_step_bytes", "tiny-float32", [1, 100])
+    assert import_module(page, mod, f"m.decodeBytesPerS({facts}, 100, 100)") == step_bytes * 10
     # Theil–Sen: the median pairwise slope ignores the one disturbed point.
     assert (
         import_module(
@@ -211,7 +222,9 @@ def test_metric_math(fake_server, page):
     ]
     m = import_module(page, mod, f"m.summarize({json.dumps(events)})")
     assert (m["queueMs"], m["ttftMs"], m["e2eMs"], m["tokens"]) == (5, 50, 110, 3)
-    assert m["tpotMs"] == 30 and m["itlMs"] == [20, 30] and m["decodeTokensPerS"] == pytest.approx(1000 / 30)
+    # Decode tokens/s is (n − 1) ÷ (t_last − t_first) (shared/cost.js): 2 gaps over 50 ms, not 1000 ÷ TPOT,
+    # which also counts the time after the last token.
+    assert m["tpotMs"] == 30 and m["itlMs"] == [20, 30] and m["decodeTokensPerS"] == pytest.approx(2 / 0.050)
     assert (m["cacheBytesMeasured"], m["cacheBytesFormula"], m["firstTextMs"]) == (120, 120, 50)
 
 
@@ -435,6 +448,10 @@ def test_real_run_streams_and_shows_all_metrics(real_server, page, console_error
     done = frames(page, "finished")[-1]
     assert len(tokens) == done["tokens"] >= 2
     assert any(t["text"] for t in tokens[:-1])  # text streamed before the finish
+    # The default question is one the small model answers on topic, greedy, without repeating itself
+    # (its answer to the old default, "What is a KV cache?", was an invented protocol).
+    sentences = [x.strip() for x in done["text"].replace("\n", " ").split(".") if x.strip()]
+    assert "stud" in done["text"].lower() and len(sentences) == len(set(sentences)), done["text"]
     expect(page.locator("#lab-answer .atok")).to_have_count(len(tokens))
     for name in ("queue", "ttft", "tpot", "itl", "e2e", "tps", "cache"):
         assert page.locator(f'#lab-metrics [data-metric="{name}"] dd').first.inner_text() != "–", name

@@ -152,6 +152,17 @@ def test_delivery_first_token_comes_out_of_prefill_not_an_extra_step(page, fake_
     assert page.locator("#stage-delivery .tag-hypothetical").count() == 1
 
 
+def note_of(page, stage: str, source: str) -> str:
+    """The text of the note that a marker in the stage points at, found by the source's words."""
+    for href in page.locator(f"#stage-{stage} a.note-ref").evaluate_all(
+        "(as) => as.map((a) => a.getAttribute('href'))"
+    ):
+        text = page.locator(href).inner_text()
+        if source in text:
+            return text
+    raise AssertionError(f"no note of stage {stage} names {source!r}")
+
+
 def test_opt13b_figures_are_in_binary_units_with_their_source(page, fake_server):
     open_page(page, fake_server, WIDE)
     text = step_text(page, "cache")
@@ -159,32 +170,41 @@ def test_opt13b_figures_are_in_binary_units_with_their_source(page, fake_server)
     opt = next(p for p in golden["presets"] if p["id"] == "opt-13b")
     per_token = opt["bytes_per_token"]
     assert f"{per_token:,} B = {per_token // 1024} KiB" in text
-    assert f"{per_token * 2048 / 2**30:.2f} GiB" == "1.56 GiB"
-    assert "1.56 GiB for one 2,048-token" in text
-    assert "800 KB per" not in text and "1.6 GB for" not in text
-    assert page.locator('#stage-cache a[href="https://arxiv.org/abs/2309.06180"]').count() == 1
-    assert "Kwon et al. 2023" in text
+    assert per_token * 2048 / 2**30 == 1.5625
+    assert "1.56 GiB for one 2,048-token" in text and "1.5625 GiB" in text
+    # The source's "800 KB" and "1.6 GB" are these binary amounts rounded, not decimal units.
+    assert "rounded to decimal" not in text and "800 KB per" not in text and "1.6 GB for" not in text
+    note = note_of(page, "cache", "Kwon et al. 2023")
+    assert "arxiv.org/abs/2309.06180" in page.locator("#walkthrough .notes").inner_html()
+    assert "PagedAttention" in note and "PagedAttention" not in text  # the title lives in the note
 
 
-def test_cited_figures_name_author_year_and_link(page, fake_server):
+def test_cited_figures_are_numbered_notes_with_author_year_and_link(page, fake_server):
     open_page(page, fake_server, WIDE)
-    for stage, who, link in [
-        ("prefill", "Zhong et al. 2024", "https://arxiv.org/abs/2401.09670"),
-        ("decode", "Agrawal et al. 2024", "https://arxiv.org/abs/2403.02310"),
+    for stage, who, link, title in [
+        ("prefill", "Zhong et al. 2024", "https://arxiv.org/abs/2401.09670", "DistServe"),
+        ("decode", "Agrawal et al. 2024", "https://arxiv.org/abs/2403.02310", "Sarathi-Serve"),
     ]:
-        assert who in step_text(page, stage)
-        assert page.locator(f'#stage-{stage} .cite[data-provenance="cited"] a[href="{link}"]').count() == 1
+        text = step_text(page, stage)
+        assert who not in text and title not in text, "reading a stage no longer means reading a paper title"
+        note = note_of(page, stage, who)
+        assert title in note
+        assert page.locator(f'#walkthrough .notes-list li a[href="{link}"]').count() == 1
     # The caveat the reference text gives: compute-bound only once the prompt fills the chip.
     assert "long enough to fill" in step_text(page, "prefill")
 
 
 def test_legend_does_not_call_the_recorded_run_live(page, fake_server):
     open_page(page, fake_server, WIDE)
-    legend = page.locator(".legend-provenance").inner_text()
-    assert "measured live" not in legend
-    assert "recorded run" in legend
+    legend = page.locator(".legend-provenance")
     for kind in KINDS:
-        assert page.locator(f".legend-provenance .tag-{kind}").count() == 1, kind
+        assert legend.locator(f"summary .tag-{kind}").count() == 1, kind
+    legend.locator("summary").click()
+    text = legend.inner_text()
+    assert "measured live" not in text
+    assert "recorded run" in text
+    for kind in KINDS:
+        assert legend.locator("dt", has_text=kind).count() == 1, kind
 
 
 def test_story_prose_follows_the_run_shown(page, fake_server):

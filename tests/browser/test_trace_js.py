@@ -25,6 +25,7 @@ def js(page, static_url):
           const trace = await import('/static/js/trace.js');
           const stages = await import('/static/js/walkthrough/stages.js');
           const layout = await import('/static/js/walkthrough/layout.js');
+          const context = await import('/static/js/walkthrough/context.js');
           const T = await (await fetch('/static/data/trace-example.json')).json();
           {body}
         }}""",
@@ -170,3 +171,55 @@ def test_the_walkthrough_and_the_lab_show_the_servers_queue_time(js):
         return [run.queue.waitMs, queue.ms, metrics.summarize(T.events).queueMs];""")
     # One queue figure everywhere: the figure's label, the timeline's segment and the lab's metric.
     assert round(wait, 3) == round(segment, 3) == round(lab, 3) == terminal["metrics"]["queue_ms"]
+
+
+# ---- walkthrough/context.js: the recorded run beside the serving chapter's, degrading when fields are absent
+
+
+def test_the_route_is_read_from_either_recording_format(js):
+    got = js("""
+      const run = (on, model) => ({ recordedOn: on, model, tokens: [], prefill: {} });
+      return [
+        context.runRoute(run({ route: { dtype_route: 'int4', weights_dtype: 'int4' } }, { dtype: 'float32' })),
+        context.runRoute(run({}, { dtype_route: 'int8', dtype: 'float32' })),
+        context.runRoute(run(null, { dtype: 'float32' })),
+        context.servingRoute({ recordedOn: { model: 'M (Q4_1 GGUF), int4' } }),
+        context.servingRoute({ recordedOn: { route: { dtype_route: 'int8' }, model: 'M, int4' } }),
+        context.servingRoute({ recordedOn: {} }, { machine: { route: 'bfloat16' } }),
+        context.servingRoute({ recordedOn: {} }),
+      ];""")
+    assert got == ["int4", "int8", "float32", "int4", "int8", "bfloat16", None]
+
+
+def test_machine_and_load_come_from_either_field_naming(js):
+    got = js("""
+      const text = (on) => context.recordedOnText({ recordedOn: on, model: { dtype: 'float32' } });
+      return [text({ machine: 'x86_64', cpus: 2, load_1min_before: 1.5, load_1min_after: 2 }),
+              text({ machine: 'x86_64', load_1m: 0.25 }), text(null)];""")
+    assert got == [
+        "float32 weights · x86_64, 2 CPUs · load 1.50 → 2.00",
+        "float32 weights · x86_64 · load 0.25",
+        "float32 weights · machine not recorded · load not recorded",
+    ]
+
+
+def test_a_points_verdict_is_its_own_when_recorded_else_its_position(js):
+    got = js("""
+      const rl = { peak_flops_s: 100, bandwidth_bytes_s: 10, ridge_intensity: 10 };
+      const v = (p) => { const r = context.pointVerdict(p, rl); return [r.side, r.verdict, Math.round(r.share * 100)]; };
+      return [v({ intensity: 2, flops_s: 5 }), v({ intensity: 50, flops_s: 25 }),
+              v({ intensity: 2, flops_s: 5, share: 0.3, verdict: 'below both roofs: overhead' })];""")
+    assert got == [
+        ["memory-bound", None, 25],
+        ["compute-bound", None, 25],
+        ["memory-bound", "below both roofs: overhead", 30],
+    ]
+
+
+def test_sentences_without_their_data_are_hidden(js):
+    got = js("""
+      const run = trace.deriveRun(T);
+      const none = context.contextFacts(run, null);
+      const noPricing = context.contextFacts(run, { recordedOn: {}, experiments: {} });
+      return [none.hidden, noPricing.hidden, none.facts['recorded-on'][1]];""")
+    assert got == [["roof-prefill", "roof-decode", "ratio"], ["roof-prefill", "roof-decode", "ratio"], "measured"]

@@ -82,6 +82,22 @@ def test_serve_class_prints_the_join_and_teacher_urls_and_one_warning(class_serv
     assert state["class_mode"] is True and state["join_url"] == join.group(1) and state["teacher"] is False
 
 
+def test_serve_class_starts_with_the_class_policy_says_so_and_the_teacher_can_turn_it_off(class_server):
+    _, _, base, out, _ = class_server
+    line = next(line for line in out.read_text().splitlines() if "class policy:" in line)
+    assert "chunked prefill (64 tokens), prefix caching on" in line and "--no-prefix-caching" in line
+    with urllib.request.urlopen(base + "/api/class", timeout=30) as r:
+        policy = json.load(r)["policy"]
+    assert (policy["chunked_prefill"], policy["chunk_size"], policy["prefix_caching"]) == (True, 64, True)
+    for change in ({"prefix_caching": False}, {"chunked_prefill": False}):
+        status, body = post(base + "/api/class/policy", change, {"X-Teacher-Key": KEY})
+        assert status == 200 and body["policy"] == {**body["policy"], **change}
+    status, body = post(
+        base + "/api/class/policy", {"chunked_prefill": True, "prefix_caching": True}, {"X-Teacher-Key": KEY}
+    )
+    assert status == 200 and body["policy"]["chunked_prefill"] and body["policy"]["prefix_caching"]
+
+
 def test_serve_class_listens_on_every_interface_and_answers_its_lan_name(class_server):
     _, port, _, out, _ = class_server
     lan = re.search(rf"students open http://(\S+):{port}/", out.read_text()).group(1)

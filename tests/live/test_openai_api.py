@@ -1,6 +1,8 @@
 """The OpenAI-compatible endpoints (app/openai_api.py) with the official `openai` client against a
-live gunicorn server: the same greedy answer and token counts as the WebSocket protocol, streamed
-or not, logprobs, field errors in OpenAI's shape, and a stream closed early cancelling its request."""
+live gunicorn server: chat and legacy completions give the same greedy answer and token counts as
+the WebSocket protocol, streamed or not, under the model's own id and a `--served-model-name` alias;
+an unknown model is openai.NotFoundError; logprobs, field errors in OpenAI's shape, and a stream
+closed early cancelling its request."""
 
 from __future__ import annotations
 
@@ -14,6 +16,13 @@ from websockets.sync.client import connect
 from model_runner.loading.fake import ANSWER
 
 WAIT_S = 60.0  # a deadline for conditions that hold in well under a second; never a timing claim
+ALIASES = ("tiny-chat", "kv-alias")  # `kvscope serve --served-model-name tiny-chat kv-alias`
+# The fake model's chat template written out by hand: as a raw prompt it must read exactly as the
+# chat request HELLO does (ByteTokenizer.render_chat), so it gets the same answer and token count.
+HELLO_RAW = (
+    "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
+    "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def client_for(server) -> openai.OpenAI:
@@ -25,6 +34,19 @@ def chat(server, **fields):
     return client_for(server).chat.completions.create(
         **{"model": "fake", "messages": HELLO, "temperature": 0, **fields}
     )
+
+
+def complete(server, **fields):
+    """completions.create for HELLO_RAW with the served model, greedy, room for the whole answer,
+    unless `fields` say otherwise."""
+    return client_for(server).completions.create(
+        **{"model": "fake", "prompt": HELLO_RAW, "temperature": 0, "max_tokens": 200, **fields}
+    )
+
+
+@pytest.fixture(scope="module")
+def alias_server(live_server):
+    return live_server("fake", args=["--served-model-name", *ALIASES])
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +65,110 @@ def test_models_lists_the_served_model(fake_server):
     models = client_for(fake_server).models.list()
     assert [m.id for m in models.data] == ["fake"]
     assert models.data[0].owned_by == "kvscope"
+
+
+def test_models_lists_the_served_names_first_then_the_models_own(alias_server):
+    assert [m.id for m in client_for(alias_server).models.list().data] == [*ALIASES, "fake"]
+
+
+@pytest.mark.parametrize("model", ["fake", *ALIASES])
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_answers_under_each_id_and_reports_the_first_served_name(alias_server, model, stream):
+    if stream:
+        chunks = list(chat(alias_server, model=model, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reported = {c.model for c in chunks}
+    else:
+        reply = chat(alias_server, model=model)
+        text, reported = reply.choices[0].message.content, {reply.model}
+    assert text == ANSWER
+    assert reported == {ALIASES[0]}
+
+
+@pytest.mark.parametrize("model", ["fake", *ALIASES])
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_answer_under_each_id_and_report_the_first_served_name(alias_server, model, stream):
+    if stream:
+        chunks = list(complete(alias_server, model=model, stream=True))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        reported = {c.model for c in chunks}
+    else:
+        reply = complete(alias_server, model=model)
+        text, reported = reply.choices[0].text, {reply.model}
+    assert text == ANSWER
+    assert reported == {ALIASES[0]}
+
+
+@pytest.mark.parametrize("call", [chat, complete])
+def test_an_unknown_model_is_not_found_in_openai_shape(alias_server, call):
+    with pytest.raises(openai.NotFoundError) as caught:
+        call(alias_server, model="gpt-4o")
+    error = caught.value.body
+    assert caught.value.status_code == 404
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert all(name in error["message"] for name in (*ALIASES, "fake"))
+
+
+def test_a_completion_reads_the_raw_prompt_as_chat_reads_its_template(fake_server, ws_answer):
+    reply = complete(fake_server)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == ws_answer["finished"]["text"]
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens == ws_answer["accepted"]["prompt_tokens"]
+    assert reply.usage.completion_tokens == ws_answer["finished"]["tokens"]
+
+
+def test_a_completion_prompt_gets_no_template(fake_server):
+    reply = complete(fake_server, prompt=["Say hello."], max_tokens=2)  # a list of one string
+    assert reply.usage.prompt_tokens == len(b"Say hello.")  # one token a byte, nothing added
+    assert reply.usage.completion_tokens == 2 and reply.choices[0].finish_reason == "length"
+
+
+def test_a_completion_continues_the_text_it_is_given(fake_server):
+    reply = complete(fake_server, prompt=HELLO_RAW + "Hello from", stop=" model")
+    assert reply.choices[0].text == " the fake" and reply.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_completion_ends_with_its_usage(fake_server, ws_answer):
+    chunks = list(complete(fake_server, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ws_answer["finished"]["text"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == ws_answer["finished"]["tokens"]
+    assert chunks[-1].usage.prompt_tokens == ws_answer["accepted"]["prompt_tokens"]
+
+
+def test_completion_logprobs_hold_the_chosen_token_and_at_most_the_asked_alternatives(fake_server):
+    reply = complete(fake_server, max_tokens=6, logprobs=3)
+    logprobs = reply.choices[0].logprobs
+    assert "".join(logprobs.tokens) == reply.choices[0].text
+    assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == reply.usage.completion_tokens
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    for token, chosen, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert chosen <= 0 and top[token] == chosen
+        assert 1 <= len(top) <= 3 + 1  # the asked alternatives, and the chosen token always
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "x" * 20_001}, "prompt"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": 5}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"stop": ["x"] * 9}, "stop"),
+    ],
+)
+def test_a_bad_completion_field_is_refused_naming_it(fake_server, fields, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        complete(fake_server, **fields)
+    error = caught.value.body
+    assert caught.value.status_code == 400
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert f"`{param}`" in error["message"]
 
 
 def test_a_completion_matches_the_websocket_answer_and_its_counts(fake_server, ws_answer):
@@ -98,7 +224,6 @@ def test_logprobs_come_with_at_most_the_asked_alternatives(fake_server):
         ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": 100_000}, "max_completion_tokens"),
-        ({"model": "gpt-4o"}, "model"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"stop": ["x"] * 9}, "stop"),
     ],
@@ -112,9 +237,10 @@ def test_a_bad_field_is_refused_naming_it(fake_server, fields, param):
     assert param.split("[")[0] in error["message"]
 
 
-def test_closing_a_stream_early_cancels_the_request_on_the_server(slow_server):
+@pytest.mark.parametrize("call", [chat, complete])
+def test_closing_a_stream_early_cancels_the_request_on_the_server(slow_server, call):
     log = LogCursor(slow_server)
-    stream = chat(slow_server, stream=True)
+    stream = call(slow_server, stream=True)
     rid = None
     for count, chunk in enumerate(stream):
         rid = chunk.id

@@ -1,6 +1,7 @@
 """Continuous batching on the product's model (SmolLM2-135M-Instruct, CPU): requests that share
-engine steps get the same greedy tokens as when each runs alone (in float32), the paged pool's bytes follow the
-formula at every step, and prefix caching skips computing a shared prompt prefix."""
+engine steps get the same greedy tokens as when each runs alone (every one in float32, at least 7 of 8 on
+the default route), the paged pool's bytes follow the formula at every step, and prefix caching skips
+computing a shared prompt prefix."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ QUESTIONS = [
     "What is the capital of France, and which river runs through it?",
 ]
 MAX_NEW = [24, 8, 20, 16, 12, 24, 6, 18]  # different output lengths: requests leave the batch at different steps
+# Answers batched = alone, of 8. float32: every one. The default route (int4 on AVX2/AVX-512) rounds a
+# decode step's matmul inputs to bfloat16, so a batch's last-bit differences in attention can still move
+# a near-tie; its float32 logits keep that to issue 25's bound (docs/performance.md measures it).
+IDENTICAL_OF_8 = {"float32": 8, "auto": 7}
 
 
 def token_ids(events):
@@ -42,34 +47,41 @@ def run_together(engine, params_list) -> list[list[dict]]:
     return results
 
 
+@pytest.fixture(scope="module", params=sorted(IDENTICAL_OF_8))
+def route(request):
+    """(--dtype, its shared engine): float32 and what `auto` runs on this machine."""
+    fixture = "real_engine_float32" if request.param == "float32" else "real_engine"
+    return request.param, request.getfixturevalue(fixture)
+
+
 @pytest.fixture(scope="module")
-def alone_and_together(real_engine_float32):
-    # float32: batching must not change a single greedy token. On the quantized CPU default (int4
-    # weights on bf16 inputs) and in bf16 on a GPU, a batch's last-bit differences can flip a near-tie
-    # (docs/performance.md measures how often), so exact equality is asked of float32 only.
-    engine = real_engine_float32
+def alone_and_together(route):
+    _, engine = route
     params = [ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, MAX_NEW)]
     alone = [[e.to_dict() for e in engine.submit(p, f"alone-{i}")] for i, p in enumerate(params)]
     together = run_together(engine, params)
     return alone, together
 
 
-def test_eight_requests_batched_give_each_the_tokens_it_gets_alone(alone_and_together):
+def test_eight_requests_batched_give_each_the_tokens_it_gets_alone(alone_and_together, route):
     alone, together = alone_and_together
+    dtype, engine = route
     assert all(events[-1]["type"] == "finished" for events in alone + together)
     identical = [token_ids(a) == token_ids(t) for a, t in zip(alone, together)]
-    assert all(identical), (
-        f"{identical.count(False)} of 8 differ: {[i for i, same in enumerate(identical) if not same]}"
+    print(f"{dtype} ({engine.facts.dtype_route}): {identical.count(True)} of 8 batched = alone")
+    assert identical.count(True) >= IDENTICAL_OF_8[dtype], (
+        f"{engine.facts.dtype_route}: {identical.count(False)} of 8 differ: "
+        f"{[i for i, same in enumerate(identical) if not same]}"
     )
     # They really shared steps: most tokens of the batched run came from steps of several requests.
     sizes = [e["batch_size"] for events in together for e in events if e["type"] == "token" and e["index"] > 0]
     assert max(sizes) >= 4 and all(e["batch_size"] == 1 for e in alone[0] if e["type"] == "token")
 
 
-def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_together, real_engine_float32):
+def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_together, route):
     _, together = alone_and_together
-    per_block = real_engine_float32.pool.bytes_per_block
-    assert per_block == 16 * real_engine_float32.facts.kv_bytes_per_token  # 16 positions × 46,080 B
+    per_block = route[1].pool.bytes_per_block
+    assert per_block == 16 * route[1].facts.kv_bytes_per_token  # 16 positions × 46,080 B, float32 on every route
     for events in together:
         prompt = events[0]["prompt_tokens"]
         tokens = [e for e in events if e["type"] == "token"]
@@ -80,9 +92,9 @@ def test_kv_bytes_follow_the_formula_at_every_step_of_a_batched_run(alone_and_to
             assert t["kv_bytes_reserved"] == t["kv_blocks"] * per_block >= t["cache_bytes_measured"]
 
 
-def test_every_batched_request_gives_its_blocks_back(alone_and_together, real_engine_float32):
-    assert real_engine_float32.active == 0
-    assert real_engine_float32.pool.usage().used == 0
+def test_every_batched_request_gives_its_blocks_back(alone_and_together, route):
+    assert route[1].active == 0
+    assert route[1].pool.usage().used == 0
 
 
 def test_prefix_caching_gives_the_same_text_and_skips_the_shared_prefix(real_engine):

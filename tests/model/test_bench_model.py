@@ -22,7 +22,7 @@ def test_small_bench_on_the_real_model(real_engine):
     )
     b = bench.Bench(args, target, bench.grid_from(args))
     try:
-        report = bench.measure(b, datetime.now(timezone.utc), 0.0)
+        report = bench.measure_grid(b, datetime.now(timezone.utc), 0.0)
     finally:
         b.close()
     assert validate(report, SCHEMA) == []

@@ -37,7 +37,13 @@ def test_architecture_facts_are_read_from_the_model(real_engine):
     assert f.kv_dtype == "float32" and f.kv_bytes_per_token == 46_080  # the KV cache stays float32 on every CPU route
     assert 130e6 < f.params < 140e6
     if f.weights_dtype in ("int4", "int8"):  # the CPU's fast route: fewer bytes than float32's 4 a parameter
-        assert f.quantization != "none" and f.weights_bytes < f.params * 2
+        assert f.quantization != "none" and "float32 logits" in f.quantization
+        # int4 keeps the float32 layer weights for prompts: float32's bytes plus the int4 layers and the
+        # head's int8 pass are held (under a quarter more), while a decode step reads only the small copies.
+        if "on the float32 weights" in f.quantization:
+            assert f.params * 4 < f.weights_bytes < f.params * 4 * 1.25
+        else:
+            assert f.weights_bytes < f.params * 2
     else:
         assert f.weights_bytes == f.params * 4
 

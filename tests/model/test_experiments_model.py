@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app import create_app
-from serving_experiments import experiments as lab
+from serving_experiments.contract import check_response
+from serving_experiments.registry import EXPERIMENTS
 
 SMALL = {
     "why_batch": {"new_tokens": 3},
@@ -24,12 +25,12 @@ def client(real_engine):
     return create_app({"ENGINE": real_engine, "ALLOW_POLICY_CHANGES": True}).test_client()
 
 
-@pytest.mark.parametrize("name", list(lab.EXPERIMENTS))
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_experiment_finishes_on_the_real_model(client, real_engine, name):
     before = real_engine.policy
     response = client.post(f"/api/experiments/{name}", json=SMALL[name])
     assert response.status_code == 200, response.json
-    assert lab.check_response(name, response.json) == []
+    assert check_response(name, response.json) == []
     assert real_engine.policy == before
     result = response.json["result"]
     if name == "speculative":  # output equality is test_speculative.py's (float32); here the counts

@@ -1,7 +1,7 @@
 """Quality guard for the fast CPU default: greedy answers of what `--dtype auto` runs on this CPU (int4
-with AVX-512, int8 with AVX2) against float32's on the fixed chat prompts of
-static/data/quality_prompts.json, one request at a time, token for token; the shares asserted are the
-ones docs/performance.md states for that route."""
+on AVX2 and AVX-512) against float32's on the fixed chat prompts of static/data/quality_prompts.json,
+one request at a time, token for token; issue 25's bound (identical on at least 20 of 24), and the
+share of tokens docs/performance.md states."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from bench.dtypes import agreement, quality_messages, quality_prompts
 from model_runner.request import parse_generate
 
 NEW_TOKENS = 32
-# Per route (stated in docs/performance.md): answers identical over all 32 tokens, and float32's
-# tokens produced before an answer's first difference.
-MIN_SHARES = {"int4": (0.5, 0.7), "int8": (0.1, 0.4)}  # measured: int4 15/24, 80 %; int8 4/24, 52 %
+# Per route `auto` can pick: answers identical over all 32 tokens (issue 25: 20 of 24), and float32's
+# tokens produced before an answer's first difference (docs/performance.md: 92 % measured under AVX2).
+MIN_SHARES = {"int4": (20 / 24, 0.85)}
 
 
 def answers(engine) -> list[list[int]]:
@@ -44,5 +44,5 @@ def test_the_fast_default_greedy_answers_agree_with_float32(shared_engine):
     )
     print(report)
     assert result["compared"] == len(reference) >= 20
-    assert result["identical_share"] >= min_identical, report
+    assert result["identical"] >= min_identical * result["compared"] - 1e-9, report  # counts: the share is rounded
     assert result["tokens_before_divergence_share"] >= min_tokens, report

@@ -10,7 +10,7 @@ from kvscope_testkit import ask
 
 from bench.baselines import bare_greedy_loop
 from model_runner.text.prompt import plan
-from serving_experiments.experiments import PASSAGE
+from serving_experiments.prompts import PASSAGE
 from serving_experiments.speculative import PromptLookup, speculative_greedy
 
 MAX_NEW = 24

@@ -45,6 +45,8 @@ def inject_model_faults(engine, monkeypatch) -> None:
                     raise InjectedFault("injected fault in decode step 3")
         return forward(work)
 
+    faulty.take_attention = forward.take_attention  # the rest of the forward's surface, unchanged
+    faulty.report = forward.report
     monkeypatch.setattr(engine, "_forward", faulty)
 
 

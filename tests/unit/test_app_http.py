@@ -53,6 +53,9 @@ class Unhealthy:
     def describe_prompt(self, params):
         raise AssertionError("must not be reached")
 
+    def add_end_listener(self, fn):  # every engine has one (model_runner/interface.py); nothing ends here
+        pass
+
 
 @pytest.fixture(scope="module")
 def ready_engine():
@@ -329,3 +332,18 @@ def test_a_send_to_a_client_that_stopped_reading_fails_instead_of_blocking_forev
             ws.sock.send(b"x" * 65536)
     server_end.close()
     client_end.close()
+
+
+class RemoteLike(Counting):
+    """The ready engine seen as a remote one: no local controls (model_runner/interface.py)."""
+
+    local = None
+
+
+def test_raw_completions_are_refused_by_name_on_a_remote_engine(ready_engine):
+    engine = RemoteLike(ready_engine.engine)
+    res = make_app(engine).test_client().post("/v1/completions", json={"prompt": "A KV cache is"})
+    error = res.get_json()["error"]
+    assert res.status_code == 400 and (error["code"], error["param"]) == ("not_supported", "prompt")
+    assert "built-in engine" in error["message"]
+    assert engine.calls == 0  # refused before any model work

@@ -15,6 +15,7 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import blocks_mb, events_of, wait_until
 
+from model_runner.core.feed import EngineFeed
 from model_runner.core.scheduler import WAIT_STATIC, Policy
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
@@ -218,6 +219,21 @@ def test_set_policy_refuses_a_bad_change_naming_the_field(engine_factory, change
         engine.set_policy(**changes)
     assert info.value.field == field and field in info.value.message
     assert engine.policy == before
+
+
+def test_a_prompt_that_started_in_chunks_finishes_when_chunking_is_switched_off(engine_factory):
+    engine = engine_factory("fake:delay=10", policy=Policy(chunked_prefill=True, chunk_size=16, max_batch_tokens=64))
+    decoding = engine.submit(gen(max_new_tokens=200), "decoding")
+    long_one = engine.submit(gen("x" * 300, max_new_tokens=5), "long")
+    while (event := long_one.next_event(30)) is not None and event.type != "prefill_chunk":
+        pass
+    engine.set_policy(chunked_prefill=False)
+    rest = events_of(long_one)
+    assert rest[-1]["type"] == "finished" and rest[-1]["tokens"] == 5
+    chunks = [e for e in rest if e["type"] == "prefill_chunk"]
+    assert chunks and chunks[-1]["end"] == next(e for e in rest if e["type"] == "prefill_end")["tokens"]
+    decoding.cancel()
+    assert events_of(decoding)[-1]["type"] == "cancelled"
 
 
 # ---- prefix caching -------------------------------------------------------------------------------
@@ -491,6 +507,19 @@ def test_feed_text_lets_the_feed_carry_the_prompt_and_answer(engine_factory):
     feed = drain(engine, sub)
     assert [e["prompt"] for e in feed if e["type"] == "engine_admit"] == [SECRET]
     assert [e["text"] for e in feed if e["type"] == "engine_end"] == [ANSWER[:30]]
+
+
+def test_the_dropped_count_comes_with_the_first_event_after_the_gap():
+    feed = EngineFeed()
+    reader = feed.subscribe(capacity=2)
+    for step in range(5):
+        feed.publish("engine_step", step=step)
+    first, second = reader.next_event(0), reader.next_event(0)
+    feed.publish("engine_step", step=5)
+    after_gap = reader.next_event(0)
+    assert [first["step"], second["step"], after_gap["step"]] == [0, 1, 5]
+    assert "dropped" not in first and "dropped" not in second and after_gap["dropped"] == 3
+    assert reader.dropped == 3
 
 
 # ---- requests without a KV cache ------------------------------------------------------------------

@@ -16,7 +16,10 @@ from bench import report as bench_report
 from bench import runner as bench
 from bench.clients import InProcessClient, Job, run_jobs
 from bench.runner import FULL, QUICK, Grid, cells_of, fit_prompt, ratio_report, totals
-from bench.stats import SCHEMA, describe, percentile, validate
+from bench.stats import SCHEMA, describe, validate
+from model_runner import cost
+from model_runner.loading import loader
+from model_runner.metrics import percentile
 from model_runner.request import parse_generate
 
 # ---- statistics ----------------------------------------------------------------------------------
@@ -218,6 +221,31 @@ def test_baselines_interleave_and_greedy_output_matches_the_bare_loop(fake_repor
     assert any("generate+streamer baseline skipped" in n for n in report["notes"])
 
 
+@pytest.fixture(scope="module")
+def int8_report(tmp_path_factory):
+    """A small bench on the fake model's int8 route, where the head is an int8 copy and the embedding is not read."""
+    path = tmp_path_factory.mktemp("bench") / "int8.json"
+    args = ["bench", "--model", "fake", "--dtype", "int8", "--prompt-lens", "60", "--output-lens", "6"]
+    args += ["--concurrency", "1", "--repeats", "1", "--no-cache-probe", "--json", str(path), "--no-progress"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(args) == 0
+    return json.loads(path.read_text())
+
+
+def test_the_estimates_are_the_cost_models_counts_over_the_measured_times(int8_report):
+    shape = cost.shape_of(loader.load("fake", "cpu", "int8"))
+    compared = [c for c in int8_report["comparisons"] if c["estimates"]]
+    assert compared
+    for c in compared:
+        e, engine, tokens = c["estimates"], c["engine"], c["prompt_tokens"]
+        read = cost.decode_step_bytes(shape, 1, tokens + engine["tokens"] / 2)  # weights as int8 holds them
+        assert e["decode_gb_per_s"] == round(read / (engine["step_ms_median"] / 1000) / 1e9, 3)
+        flops = cost.prefill_flops(shape, tokens)
+        assert e["prefill_gflop_per_s"] == round(flops / (engine["prefill_ms"] / 1000) / 1e9, 3)
+    # the compute ceiling is the int8 kernel the layers run, not a float32 matmul
+    assert "int8 weight kernel" in int8_report["ceilings"]["matmul"]["what"]
+
+
 def test_schema_check_names_what_is_broken(fake_report):
     _, report, _ = fake_report
     broken = copy.deepcopy(report)
@@ -256,6 +284,35 @@ def test_plot_without_matplotlib_says_how_to_get_it(fake_report, monkeypatch, tm
     message = bench_report.plot(fake_report[1], str(tmp_path / "out.png"))
     assert message == bench_report.PLOT_MISSING and "pip install" in message
     assert not (tmp_path / "out.png").exists()
+
+
+def bench_imports() -> dict[str, set[str]]:
+    """Each bench module's bench modules it imports, late imports too (`from .x import` and `from bench.x import`)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(bench.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("bench.")):
+                module = (node.module or "").removeprefix("bench.")
+                names |= {module} if module else {alias.name for alias in node.names}
+        graph[path.stem] = names & {p.stem for p in root.glob("*.py")}
+    return graph
+
+
+def test_bench_modules_import_each_other_in_one_direction_only():
+    """No import cycle among bench modules (runner once imported batching and dtypes, which imported it back)."""
+    graph = bench_imports()
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start])
+
+    cycles = sorted(m for m in graph if reaches(m, m, {m}))
+    assert not cycles, cycles
+    assert {"batching", "dtypes"} <= graph["runner"]  # the command dispatches to them (so the graph is read)
 
 
 def test_bad_grid_arguments_are_refused_in_one_line(capsys):

@@ -14,7 +14,8 @@ from app.cli import main
 from bench import baselines, class_scenario
 from bench.batching_report import SCHEMA
 from bench.ratios import greedy_equality, run_summary
-from bench.stats import percentile, validate
+from bench.stats import validate
+from model_runner.metrics import percentile
 
 
 def test_greedy_equality_counts_identical_requests_and_where_others_differ():

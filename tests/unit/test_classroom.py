@@ -1,7 +1,8 @@
-"""Classroom mode (app/classroom.py) over Flask's test client and fake sockets on the fake model: the
-teacher's key (constant-time, never logged), settings validation, pause and cancel-all through the
-engine, per-laptop cap and rate limit, "show prompts" per request, follow-me, the class_state /
-class_stats / engine_submit shapes, LAN Host names and "laptop N" labels."""
+"""Classroom mode (app/classroom.py, the room in app/room.py) over Flask's test client and fake
+sockets on the fake model: the teacher's key (constant-time, never logged), settings validation,
+pause and cancel-all through the engine, per-laptop cap and rate limit, "show prompts" per request,
+follow-me, the class_state / class_stats / engine_submit shapes, LAN Host names and "laptop N" labels;
+a remote engine (no `engine.local`) refuses pause and reports no tokens/s."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pytest
 from kvscope_testkit import ask, events_of, wait_until
 
 from app import classroom, create_app
+from app.room import CANCEL_CAUSE
 from app.session import SessionSettings, run_session
-from bench.stats import percentile
 from model_runner.core.scheduler import WAIT_PAUSED, Policy
+from model_runner.metrics import percentile
 
 pytestmark = pytest.mark.unit
 
@@ -265,7 +267,7 @@ def test_cancel_all_ends_every_queued_and_running_request_once_as_the_teachers(e
     for handle in handles:
         events = events_of(handle)
         ends = [e for e in events if e["type"] in TERMINAL]
-        assert len(ends) == 1 and ends[0]["type"] == "cancelled" and ends[0]["cause"] == classroom.CANCEL_CAUSE
+        assert len(ends) == 1 and ends[0]["type"] == "cancelled" and ends[0]["cause"] == CANCEL_CAUSE
     assert engine.active == 0
 
 
@@ -441,7 +443,7 @@ def test_subscribers_get_class_state_then_class_stats_and_engine_submit(fake_eng
     stats = next(e for e in stats if e["type"] == "class_stats")
     keys = {"waiting", "running", "finished", "cancelled", "errors", "tokens_per_s", "ttft_ms", "tpot_ms"}
     assert keys | {"window_s", "feed_dropped"} <= set(stats)
-    assert set(stats["ttft_ms"]) == set(stats["tpot_ms"]) == {"p50", "p95"}
+    assert set(stats["ttft_ms"]) == set(stats["tpot_ms"]) == {"p50", "p95", "n"}
     assert stats["window_s"] == 60 and stats["feed_dropped"] == 0
 
 

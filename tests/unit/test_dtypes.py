@@ -1,6 +1,7 @@
 """Every --dtype route on the test model: what loads, what /api/model-style facts say runs, that the
 KV live check (measured bytes == formula bytes) holds and the scripted answer is unchanged; the int8
-layer against its dequantized reference; how `auto` picks from the CPU; `kvscope bench --dtypes`."""
+layer against its dequantized reference; the head's float32 logits; int4's float32 prefill; how `auto`
+picks from the CPU; `kvscope bench --dtypes`."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.loading.fake import ANSWER
 from model_runner.loading.quantize import (
-    HalfLinear,
+    FLOAT_ROWS,
+    RESCORED,
     Int4Linear,
     Int8Linear,
+    RescoredHead,
+    decode_step,
     quantize_int4,
     quantize_int8,
     weight_count_and_bytes,
 )
+from model_runner.loading.routes import float_prefill_for
 
 ROUTES = {  # --dtype → (weights dtype, KV dtype, bytes per KV element, quantized)
     "float32": ("float32", "float32", 4, False),
@@ -39,22 +44,36 @@ def test_each_route_says_exactly_what_runs(dtype):
     weights, kv, element, quantized = ROUTES[dtype]
     facts = loader.load("fake", dtype=dtype).facts
     assert (facts.weights_dtype, facts.kv_dtype, facts.bytes_per_element) == (weights, kv, element)
-    assert facts.dtype_route == dtype and facts.dtype_reason == f"--dtype {dtype}"
+    assert facts.dtype_route == dtype and facts.dtype_reason.startswith(f"--dtype {dtype}")
+    # int4 says where its prompts run (the float32 weights on AVX2 and AVX-512 CPUs)
+    kept = dtype == "int4" and float_prefill_for(torch.backends.cpu.get_cpu_capability())
+    assert ("prompts on the float32 weights" in facts.dtype_reason) == kept
     assert (facts.quantization != "none") == quantized
     assert facts.kv_bytes_per_token == 2 * facts.layers * facts.kv_heads * facts.head_dim * element
     assert facts.to_dict()["quantization"] == facts.quantization  # what /api/model sends
 
 
-def test_int4_keeps_the_parameter_count_with_a_float16_head():
-    f32, int4 = loader.load("fake", dtype="float32").facts, loader.load("fake", dtype="int4").facts
+def _head_bytes(head: RescoredHead) -> int:
+    """The head's int8 pass (its float weights are the embedding's own tensor, counted with it)."""
+    return head.approximate.weight.numel() + 2 * head.approximate.scales.numel()
+
+
+@pytest.mark.parametrize(("capability", "float_prefill"), [("AVX512", True), ("AVX2", True), ("DEFAULT", False)])
+def test_int4_keeps_the_parameter_count_and_counts_every_byte_it_holds(monkeypatch, capability, float_prefill):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    f32, loaded = loader.load("fake", dtype="float32").facts, loader.load("fake", dtype="int4")
+    int4, model = loaded.facts, loaded.model.base
     assert int4.params == f32.params
-    model = loader.load("fake", dtype="int4").model.base
-    assert isinstance(model.lm_head, HalfLinear) and model.model.embed_tokens.weight.dtype == torch.float32
+    assert isinstance(model.lm_head, RescoredHead) and model.model.embed_tokens.weight.dtype == torch.float32
+    assert model.lm_head.float_weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # no copy
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     assert len(layers) == 2 * 7 and not [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all((m.float_weight is not None) == float_prefill for m in layers)
     floats = sum(p.numel() * 4 for p in model.parameters())
     packed = sum(m.weight.numel() + 2 * m.scales_zeros.numel() for m in layers)
-    assert int4.weights_bytes == floats + packed + 2 * model.lm_head.weight.numel()
+    kept = sum(m.float_weight.numel() * 4 for m in layers if m.float_weight is not None)
+    assert int4.weights_bytes == floats + packed + kept + _head_bytes(model.lm_head)
+    assert ("float32 weights" in int4.quantization) == float_prefill and "float32 logits" in int4.quantization
 
 
 def test_int4_recovers_q4_1_weights_exactly():
@@ -77,9 +96,9 @@ def test_int8_keeps_the_parameter_count_and_stores_fewer_bytes():
     f32, int8 = loader.load("fake", dtype="float32").facts, loader.load("fake", dtype="int8").facts
     assert int8.params == f32.params  # the untied int8 head is a copy of the embedding, not more weights
     model = loader.load("fake", dtype="int8").model.base
-    assert isinstance(model.lm_head, Int8Linear) and model.model.embed_tokens.weight.dtype == torch.float32
+    assert isinstance(model.lm_head, RescoredHead) and model.model.embed_tokens.weight.dtype == torch.float32
     assert not [m for m in model.modules() if isinstance(m, nn.Linear)]  # every layer of the fake's width
-    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]  # the head's int8 pass among them
     floats = sum(p.numel() * 4 for p in model.parameters())  # embedding and norms
     assert int8.weights_bytes == floats + sum(m.weight.numel() + 2 * m.scales.numel() for m in layers)
     assert int8.weights_bytes < f32.weights_bytes * 0.75
@@ -93,7 +112,7 @@ def test_every_route_serves_the_scripted_answer_with_the_live_kv_check(engine_fa
     assert events[-1]["text"] == ANSWER.encode()[:24].decode()
     tokens = [e for e in events if e["type"] == "token"]
     assert tokens and all(t["cache_bytes_measured"] == t["cache_bytes_formula"] for t in tokens)
-    assert engine.pool.measured_bytes(1) == engine.facts.kv_bytes_per_token
+    assert engine.pool.computed_bytes(1) == engine.facts.kv_bytes_per_token
 
 
 @pytest.mark.parametrize("in_features", [16, 48, 576])
@@ -126,16 +145,65 @@ def test_widths_the_kernels_cannot_take_stay_float():
 
 
 @pytest.mark.parametrize(
-    ("capability", "route"), [("AVX512", "int4"), ("AVX2", "int8"), ("DEFAULT", "float32"), ("SVE256", "float32")]
+    ("capability", "route"), [("AVX512", "int4"), ("AVX2", "int4"), ("DEFAULT", "float32"), ("SVE256", "float32")]
 )
 def test_auto_on_a_cpu_picks_by_the_cpus_vector_capability(monkeypatch, capability, route):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     chosen = loader.resolve_route("auto", torch.device("cpu"))
     assert chosen.name == route and chosen.quant == ("" if route == "float32" else route)
     assert capability in chosen.reason
+    assert chosen.float_prefill == (route == "int4")  # prompts run on float32's weights wherever int4 runs
+    assert ("prompts on the float32 weights" in chosen.reason) == chosen.float_prefill
     assert chosen.compute == torch.float32  # either way the KV cache stays float32
     other = loader.resolve_route("auto", torch.device("cpu"), bundled=False)  # a --model of float weights
     assert other.name == "float32" and not other.quant
+
+
+def test_the_head_gives_float32_logits_for_its_leading_candidates_and_argmax():
+    torch.manual_seed(3)
+    weight = torch.randn(4096, 64) * 0.2
+    head = RescoredHead(weight)
+    x = torch.randn(5, 64)
+    exact = x @ weight.T
+    got = head(x)
+    top = exact.topk(8, dim=-1).indices
+    assert got.dtype == torch.float32 and torch.equal(got.argmax(-1), exact.argmax(-1))
+    assert torch.allclose(got.gather(-1, top), exact.gather(-1, top), rtol=0, atol=1e-5)  # float32, not int8
+    approximate = head.approximate(x).float()
+    assert (approximate.gather(-1, top) - exact.gather(-1, top)).abs().max() > 1e-3  # what rescoring removes
+    # A near-tie finer than bfloat16 or float16 can hold (1e-4 at 14) is kept in its order.
+    tie = torch.zeros(3, 64)
+    tie[0, 0], tie[1, 0], tie[2, 0] = 14.0, 14.0001, 13.9999
+    rows = RescoredHead(tie)(torch.eye(64)[:1])
+    assert rows.argmax(-1).item() == 1 and rows[0, 1] > rows[0, 0] > rows[0, 2]
+    many = torch.randn(FLOAT_ROWS, 64)  # a prompt's rows: float32's GEMM for every logit
+    assert torch.equal(head(many), nn.functional.linear(many, weight))
+    outside = exact.topk(RESCORED + 1, dim=-1).indices[:, -1:]  # beyond the rescored: the int8 pass's values
+    assert torch.equal(got.gather(-1, outside), approximate.gather(-1, outside))
+
+
+def test_int4_runs_long_inputs_on_the_float_weights_and_short_ones_on_int4():
+    torch.manual_seed(4)
+    weight = torch.randn(48, 64)
+    layer = Int4Linear(weight, keep_float=True)
+    long_input = torch.randn(1, FLOAT_ROWS, 64)  # a prompt: float32's own arithmetic
+    assert torch.equal(layer(long_input), nn.functional.linear(long_input, weight))
+    short = torch.randn(1, 3, 64)  # a decode step's rows: the int4 kernel, so not float32's exact sums
+    assert not torch.equal(layer(short), nn.functional.linear(short, weight))
+    assert torch.equal(layer(short), Int4Linear(weight)(short))
+
+
+def test_a_decode_step_stays_on_the_kernels_however_many_requests_share_it():
+    """16 requests decoding together are 16 rows, not a prompt: inside decode_step() they run the int4
+    kernel and the head's int8 pass (a batch of 16 on the float32 copies was 3x slower than 8)."""
+    torch.manual_seed(5)
+    weight = torch.randn(48, 64)
+    layer, batch = Int4Linear(weight, keep_float=True), torch.randn(FLOAT_ROWS, 64)
+    with decode_step():
+        assert torch.equal(layer(batch), Int4Linear(weight)(batch))
+        head_rows = RescoredHead(weight)(batch)
+    assert not torch.equal(head_rows, nn.functional.linear(batch, weight))  # the int8 pass outside the top
+    assert torch.equal(layer(batch), nn.functional.linear(batch, weight))  # outside it: a prompt's rows
 
 
 def test_bad_and_misplaced_dtypes_are_refused_naming_the_field():
@@ -171,7 +239,7 @@ def test_bench_dtypes_runs_both_routes_in_one_run(tmp_path, capsys, one_torch_th
     rows = report["routes"]
     assert list(rows) == ["float32", "int8"] and report["settings"]["quality_prompts"] >= 20
     assert rows["int8"]["facts"]["weights_dtype"] == "int8"
-    assert rows["int8"]["measured_kv_bytes_per_token"] == rows["int8"]["facts"]["kv_bytes_per_token"]
+    assert rows["int8"]["tensor_kv_bytes_per_token"] == rows["int8"]["facts"]["kv_bytes_per_token"]
     assert rows["int8"]["agreement"]["identical_share"] == 1.0  # the test model's answer is scripted
     for key in ("lone_int8_over_float32", "batched_int8_over_float32"):
         assert report["ratios"][key]["value"] > 0 and report["ratios"][key]["target"] is not None

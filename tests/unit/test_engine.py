@@ -6,8 +6,9 @@ import threading
 
 import pytest
 from kvscope_testkit import ask as gen
-from kvscope_testkit import wait_until
+from kvscope_testkit import events_of, wait_until
 
+import model_runner.core.runner as runner
 from model_runner.core.scheduler import Policy
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
@@ -275,6 +276,29 @@ def test_exception_in_a_model_step_fails_that_request_and_the_worker_lives(slow_
     assert after[-1]["type"] == "finished" and slow_engine.health()[0]
 
 
+def test_a_failed_step_retried_alone_keeps_the_other_requests_cache_exact(engine_factory, monkeypatch):
+    engine = engine_factory("fake:delay=10")
+    recompute = runner.recompute_forward
+    failures = []
+
+    def fail_once(model, seq):
+        if not failures:
+            failures.append(seq.id)
+            raise RuntimeError("injected recompute failure")
+        return recompute(model, seq)
+
+    monkeypatch.setattr(runner, "recompute_forward", fail_once)
+    cached = engine.submit(gen(max_new_tokens=30), "cached")
+    free = engine.submit(gen(max_new_tokens=30, kv_cache=False), "no-cache")
+    cached_events, free_events = events_of(cached), events_of(free)
+    # The failure was passing: run again on its own, the cache-free request went on too.
+    assert failures == ["no-cache"] and free_events[-1]["type"] == "finished"
+    assert cached_events[-1]["type"] == "finished" and cached_events[-1]["text"] == ANSWER[:30]
+    prompt = cached_events[0]["prompt_tokens"]
+    tokens = [e for e in cached_events if e["type"] == "token"]
+    assert [t["cache_tokens"] - prompt for t in tokens] == list(range(len(tokens)))
+
+
 def test_full_queue_answers_overloaded_at_once(slow_engine):
     handles = [started(slow_engine.submit(gen(max_new_tokens=50), "h0"))]
     handles += [slow_engine.submit(gen(max_new_tokens=50), f"h{i}") for i in range(1, 5)]  # 4 waiting: the cap
@@ -321,17 +345,17 @@ def test_a_vanishing_temperature_samples_like_greedy_instead_of_failing(fake_eng
 
 
 def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_factory, monkeypatch):
-    import model_runner.core.engine as engine_module
+    import model_runner.core.postprocess as postprocess
 
     engine = engine_factory("fake:delay=20")
-    choose = engine_module.choose
+    choose = postprocess.choose
 
     def failing_choose(logits, sampling, generator):
         if sampling.top_k == 7:  # the marked request
             raise RuntimeError("injected sampling failure")
         return choose(logits, sampling, generator)
 
-    monkeypatch.setattr(engine_module, "choose", failing_choose)
+    monkeypatch.setattr(postprocess, "choose", failing_choose)
     marked = engine.submit(gen(max_new_tokens=20, sampling={"temperature": 0.5, "top_k": 7}), "marked")
     plain = engine.submit(gen(max_new_tokens=20), "plain")
     marked_end, plain_end = [e.to_dict() for e in marked][-1], [e.to_dict() for e in plain][-1]

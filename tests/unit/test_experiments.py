@@ -12,7 +12,11 @@ from kvscope_testkit import wait_until
 
 from app import create_app
 from app.experiments import LOCK_KEY
-from serving_experiments import experiments as lab
+from model_runner.metrics import percentile
+from serving_experiments.contract import check_response
+from serving_experiments.experiments.why_batch import BATCHES
+from serving_experiments.harness import Job
+from serving_experiments.registry import EXPERIMENTS
 from serving_experiments.speculative import DraftModel, PromptLookup, plain_greedy, speculative_greedy
 
 SMALL = {
@@ -53,15 +57,18 @@ def post(app, name, params=None):
     return app.test_client().post(f"/api/experiments/{name}", json=params if params is not None else {})
 
 
-@pytest.mark.parametrize("name", list(lab.EXPERIMENTS))
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_each_experiment_answers_the_contract_shape(fake_app, name, monkeypatch):
     app, engine = fake_app
-    monkeypatch.setattr("app.experiments.ceilings", lambda device, dtype: (1e11, 1e10))  # no 256 MiB copy here
+    monkeypatch.setattr(
+        "serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10)
+    )  # no 256 MiB copy here
     before = engine.policy
     response = post(app, name, SMALL[name])
     assert response.status_code == 200, response.json
-    assert lab.check_response(name, response.json) == []
-    assert response.json["params"] == {**{k: p.default for k, p in lab.EXPERIMENTS[name].params.items()}, **SMALL[name]}
+    assert check_response(name, response.json) == []
+    assert response.json["machine"]["route"] == engine.facts.dtype_route  # the route every time in it ran on
+    assert response.json["params"] == {**{k: p.default for k, p in EXPERIMENTS[name].params.items()}, **SMALL[name]}
     assert engine.policy == before  # whatever it set for its run is undone
     assert engine.active == 0
 
@@ -136,7 +143,7 @@ def test_policy_is_restored_when_an_experiment_fails(fake_app, monkeypatch):
     def broken(self):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(lab.Job, "wait", broken)
+    monkeypatch.setattr(Job, "wait", broken)
     response = post(app, "batching", SMALL["batching"])
     assert response.status_code == 500 and "injected" in response.json["error"]["message"]
     assert engine.policy == before
@@ -283,7 +290,7 @@ def test_a_draft_model_from_the_server_config_proposes(engine_factory):
 
 def test_why_batch_measures_steps_where_the_whole_batch_decodes(fake_app, feed_log, monkeypatch):
     app, _ = fake_app
-    monkeypatch.setattr("app.experiments.ceilings", lambda device, dtype: (1e11, 1e10))
+    monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
     result = post(app, "why_batch", {"new_tokens": 4}).json["result"]
     steps = [e for e in feed_log() if e["type"] == "engine_step"]
     for point in result["points"]:
@@ -294,8 +301,8 @@ def test_why_batch_measures_steps_where_the_whole_batch_decodes(fake_app, feed_l
         ]
         assert point["steps_measured"] == len(full) == 3  # every request prefills in one step, then decodes with all
         assert point["step_ms"] == pytest.approx(min(full), abs=1e-3)  # best of the steps, median beside it
-        assert point["step_ms_median"] == pytest.approx(lab.median(full), abs=1e-3)
-    assert [p["phase"] for p in result["roofline"]["points"]] == ["prefill"] + ["decode"] * len(lab.BATCHES)
+        assert point["step_ms_median"] == pytest.approx(percentile(full, 50), abs=1e-3)
+    assert [p["phase"] for p in result["roofline"]["points"]] == ["prefill"] + ["decode"] * len(BATCHES)
 
 
 def test_no_experiment_runs_while_admissions_are_paused(fake_app):
@@ -309,3 +316,14 @@ def test_no_experiment_runs_while_admissions_are_paused(fake_app):
     finally:
         engine.set_paused(False)
     assert engine.steps == 0
+
+
+def test_a_remote_engine_is_refused_by_its_missing_local_controls():
+    from model_runner.remote.engine import RemoteConfig, RemoteEngine
+
+    remote = RemoteEngine(RemoteConfig(url="openai:http://127.0.0.1:9"))  # never started: nothing connects
+    app = create_app({"ENGINE": remote})
+    listed = app.test_client().get("/api/experiments").json["experiments"]
+    assert all(not e["available"] and "built-in engine" in e["why_unavailable"] for e in listed)
+    response = post(app, "pricing")
+    assert response.status_code == 403 and response.json["error"]["code"] == "not_allowed"

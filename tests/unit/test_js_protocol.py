@@ -220,7 +220,14 @@ def test_every_server_name_the_scripts_read_is_declared():
 
 # ---- the engine feed and the class messages: built as dicts, so checked against the names the server uses -----
 
-FEED_SOURCES = ("model_runner/core/engine.py", "model_runner/core/kv_cache.py", "app/classroom.py", "app/session.py")
+FEED_SOURCES = (
+    "model_runner/core/engine.py",
+    "model_runner/core/announce.py",
+    "model_runner/core/kv_cache.py",
+    "app/classroom.py",
+    "app/room.py",
+    "app/session.py",
+)
 
 
 def _server_names(relative: str) -> set[str]:
@@ -261,7 +268,7 @@ def test_every_feed_type_and_field_the_page_reads_is_one_the_server_sends():
 
 def test_policy_and_class_settings_match_their_dataclasses():
     assert SPEC["policy"] == _dataclass_fields("model_runner/core/scheduler.py", "Policy")
-    assert SPEC["class_settings"] == _dataclass_fields("app/classroom.py", "Settings")
+    assert SPEC["class_settings"] == _dataclass_fields("app/room.py", "Settings")
     assert set(SPEC["class_info"]) <= _server_names("app/classroom.py")
     assert set(SPEC["experiments_list"]) <= _server_names("app/experiments.py")
 

@@ -9,28 +9,25 @@ from kvscope_testkit import blocks_mb, events_of, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
+from app.metrics import FINISHED_REASONS, METRIC_NAMES, SERIES
 from model_runner.core.scheduler import Policy
 from model_runner.loading.fake import ANSWER
 
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
-HISTOGRAMS = (
-    "vllm:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds",
-    "vllm:time_per_output_token_seconds",
-    "vllm:request_time_per_output_token_seconds",
+KINDS = {name: kind for name, kind, *_ in SERIES}
+HISTOGRAMS = tuple(name for name, kind in KINDS.items() if kind == "histogram")
+COUNTERS = tuple(name for name, kind in KINDS.items() if kind == "counter")
+GAUGES = tuple(name for name, kind in KINDS.items() if kind == "gauge")
+TTFT = "vllm:time_to_first_token_seconds"
+# What dashboards made for vLLM read (issue 27); the list in app/metrics.py must keep them.
+DASHBOARD_NAMES = (
     "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds",
-    "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds",
+    "vllm:request_success",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_to_first_token_seconds",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
 )
-COUNTERS = (
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:num_preemptions",
-)
-GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -66,6 +63,14 @@ def app_for():
     return make
 
 
+def test_metrics_expose_exactly_the_families_of_the_one_list(engine_factory, app_for):
+    families = scrape(app_for(engine_factory("fake")).test_client())
+    assert sorted(families) == sorted(METRIC_NAMES)
+    assert {name: family["type"] for name, family in families.items()} == KINDS
+    assert set(DASHBOARD_NAMES) <= set(METRIC_NAMES)
+    assert "vllm:time_per_output_token_seconds" not in METRIC_NAMES  # removed by vLLM
+
+
 def test_metrics_parse_as_prometheus_text_with_vllm_names_and_a_model_label(engine_factory, app_for):
     engine = engine_factory("fake")
     response = app_for(engine).test_client().get("/metrics")
@@ -76,7 +81,11 @@ def test_metrics_parse_as_prometheus_text_with_vllm_names_and_a_model_label(engi
         assert families[name]["type"] == "gauge"
     for name in COUNTERS:
         assert families[name]["type"] == "counter"
-        assert value(families, name, name + "_total") == 0
+        if name == "vllm:request_success":  # one series per finished_reason, as vLLM's
+            for reason in FINISHED_REASONS:
+                assert value(families, name, name + "_total", finished_reason=reason) == 0
+        else:
+            assert value(families, name, name + "_total") == 0
     for name in HISTOGRAMS:
         assert families[name]["type"] == "histogram"
         assert value(families, name, name + "_count") == 0
@@ -99,7 +108,7 @@ def test_finished_requests_fill_the_histograms_and_token_counters(engine_factory
     ends = [run[-1] for run in runs]
     assert all(end["type"] == "finished" for end in ends)
     families = scrape(client)
-    for name in HISTOGRAMS[:1] + HISTOGRAMS[3:]:  # all but the per-token ones
+    for name in set(HISTOGRAMS) - {"vllm:inter_token_latency_seconds"}:  # one observation per request
         assert value(families, name, name + "_count") == n, name
     tokens = sum(end["tokens"] for end in ends)
     assert tokens == sum(8 + i for i in range(n))
@@ -108,12 +117,17 @@ def test_finished_requests_fill_the_histograms_and_token_counters(engine_factory
     assert value(families, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == prompt
     gaps = sum(len(end["metrics"]["itl_ms"]) for end in ends)
     assert gaps == tokens - n
-    for name in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"):
-        assert value(families, name, name + "_count") == gaps
+    name = "vllm:inter_token_latency_seconds"
+    assert value(families, name, name + "_count") == gaps
     ttft_s = sum(end["metrics"]["ttft_ms"] for end in ends) / 1000
-    assert value(families, HISTOGRAMS[0], HISTOGRAMS[0] + "_sum") == pytest.approx(ttft_s, abs=1e-6)
-    inf = value(families, HISTOGRAMS[0], HISTOGRAMS[0] + "_bucket", le="+Inf")
-    assert inf == n
+    assert value(families, TTFT, TTFT + "_sum") == pytest.approx(ttft_s, abs=1e-6)
+    assert value(families, TTFT, TTFT + "_bucket", le="+Inf") == n
+    e2e_s = sum(end["metrics"]["e2e_ms"] for end in ends) / 1000
+    e2e = "vllm:e2e_request_latency_seconds"
+    assert value(families, e2e, e2e + "_sum") == pytest.approx(e2e_s, abs=1e-6)
+    success = "vllm:request_success"
+    assert value(families, success, success + "_total", finished_reason="length") == n  # all hit max_new_tokens
+    assert value(families, success, success + "_total", finished_reason="stop") == 0
     assert value(families, "vllm:num_requests_running") == value(families, "vllm:num_requests_waiting") == 0
     assert value(families, "vllm:kv_cache_usage_perc") == 0
 
@@ -131,9 +145,32 @@ def test_a_request_cancelled_while_waiting_counts_no_prompt_and_no_first_token(e
     events_of(first)
     families = scrape(client)
     assert value(families, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_count") == 2
-    assert value(families, HISTOGRAMS[0], HISTOGRAMS[0] + "_count") == 1  # only the one that got a token
+    assert value(families, TTFT, TTFT + "_count") == 1  # only the one that got a token
     prompt = len(first.sequence.prompt_ids)
     assert value(families, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == prompt
+    success = "vllm:request_success"
+    assert value(families, success, success + "_total", finished_reason="abort") == 2
+
+
+def test_an_answer_that_ends_itself_counts_as_stop(engine_factory, app_for):
+    engine = engine_factory("fake")
+    client = app_for(engine).test_client()
+    end = events_of(engine.submit(gen(max_new_tokens=200), "whole"))[-1]
+    assert (end["type"], end["reason"]) == ("finished", "eos")
+    success = "vllm:request_success"
+    families = scrape(client)
+    assert value(families, success, success + "_total", finished_reason="stop") == 1
+    assert value(families, success, success + "_total", finished_reason="length") == 0
+
+
+def test_the_model_name_label_is_the_first_served_name(engine_factory):
+    engine = engine_factory("fake")
+    app = create_app({"TESTING": True, "ENGINE": engine, "SERVED_MODEL_NAMES": ["tiny-chat", "other"]})
+    events_of(engine.submit(gen(max_new_tokens=3), "named"))
+    families = scrape(app.test_client())
+    names = {dict(labels)["model_name"] for family in families.values() for _, labels in family["samples"]}
+    assert names == {"tiny-chat"}
+    assert value(families, "vllm:generation_tokens", "vllm:generation_tokens_total") == 3
 
 
 def test_running_and_waiting_gauges_agree_with_the_engine_while_a_slow_request_runs(engine_factory, app_for):
@@ -175,7 +212,7 @@ def test_preemptions_counter_equals_the_engines_on_a_tiny_pool(engine_factory, a
     assert engine.preemptions > 0
     assert value(families, "vllm:num_preemptions", "vllm:num_preemptions_total") == engine.preemptions
     assert value(families, "vllm:generation_tokens", "vllm:generation_tokens_total") == 3 * ANSWER_TOKENS
-    assert value(families, HISTOGRAMS[0], HISTOGRAMS[0] + "_count") == 3
+    assert value(families, TTFT, TTFT + "_count") == 3
 
 
 def test_prefix_cache_counters_count_queried_and_found_prompt_tokens(engine_factory, app_for):
@@ -199,8 +236,11 @@ def test_each_app_has_its_own_registry(engine_factory, app_for):
 
 
 def test_a_stand_in_engine_without_snapshot_or_listeners_still_answers(app_for):
-    class Bare:  # no model loaded, no snapshot(), no add_end_listener()
+    class Bare:  # no model loaded, no snapshot(); a listener is taken but never called
         facts = None
+
+        def add_end_listener(self, fn):  # every engine has one (model_runner/interface.py)
+            pass
 
     families = scrape(app_for(Bare()).test_client())
     assert "vllm:num_requests_running" not in families

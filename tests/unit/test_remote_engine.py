@@ -4,6 +4,7 @@ malformed SSE, an HTTP error) ends the request with exactly one terminal event a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -254,10 +255,19 @@ def test_a_request_over_its_time_limit_finishes_with_timeout(engine, remote):
 
 
 def test_fields_the_remote_cannot_honour_are_refused_by_name(engine):
-    for fields, name in (({"kv_cache": False}, "kv_cache"), ({"prefill_chunk": 8}, "prefill_chunk")):
+    refused = (
+        ({"kv_cache": False}, "kv_cache"),
+        ({"prefill_chunk": 8}, "prefill_chunk"),
+        ({"inspect": {"attention": True}}, "inspect.attention"),
+    )
+    for fields, name in refused:
         with pytest.raises(UserError) as info:
             engine.submit(ask("hi", **fields))
         assert info.value.field == name
+    raw = dataclasses.replace(ask("hi"), chat_template=False)  # /v1/completions' raw text
+    with pytest.raises(UserError) as info:
+        engine.submit(raw)
+    assert info.value.field == "prompt"
     with pytest.raises(UserError) as info:
         engine.set_policy({"max_num_seqs": 1})
     assert info.value.code == "not_supported"

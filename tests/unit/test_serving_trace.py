@@ -1,5 +1,5 @@
 """The recorded serving trace (static/data/serving-trace.json), which the chapter shows before the
-model is ready: it fits the experiments contract (serving_experiments.experiments.check_trace, the one
+model is ready: it fits the experiments contract (serving_experiments.contract.check_trace, the one
 validator the front-end tests reuse), was recorded on the real model, and its derived numbers agree
 with the measurements they come from."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_experiments.experiments import BATCHES, check_trace
+from serving_experiments.contract import check_trace
+from serving_experiments.experiments.why_batch import BATCHES
 
 TRACE = Path(__file__).resolve().parents[2] / "static" / "data" / "serving-trace.json"
 

@@ -119,4 +119,13 @@ def test_a_recorded_trace_says_on_what_machine_and_under_what_load(fake_engine):
     on = trace["recorded_on"]
     assert on["cpus"] >= 1 and on["machine"]
     assert on["load_1min_before"] >= 0 and on["load_1min_after"] >= 0
+    assert "load average" in on["uptime"] and on["cpu_capability"]
+    facts = fake_engine.facts
+    assert on["route"] == {
+        "dtype_route": facts.dtype_route,
+        "weights_dtype": facts.weights_dtype,
+        "quantization": facts.quantization,
+        "kv_dtype": facts.kv_dtype,
+        "dtype_reason": facts.dtype_reason,
+    }
     assert record_trace.validate_trace(trace) == []

@@ -1,32 +1,44 @@
-// Weights beside the cache, and the reverse solve: how many sequences of the chosen length fit in
-// the memory size, and how many positions each of the chosen number of sequences can have.
-import { GIB, maxSequences, maxTokens, weightsBytes } from './kv-math.js';
+// Weights beside the cache, and the reverse solve on one GPU: how many sequences of the chosen length fit in
+// the memory size, and how many positions each of the chosen number of sequences can have (kv-layers.js fit:
+// weights ÷ TP, windows, per-sequence states and scales all counted).
+import { GIB, weightsBytes } from './kv-math.js';
+import { fit as solve } from './kv-layers.js';
 import { html, svgEl } from '../shared/dom.js';
 import { binary, formatInt, plural } from '../shared/format.js';
 import { bytesNode } from './bytes.js';
 import { memoryBar } from './layout.js';
 
-export function renderFit(out, { params, weightBytesPerElement, memGiB, bytesPerToken, ctx, seq, contextWindow }) {
+// `weights`: {measured: bytes the running route holds, or null} beside params × element bytes.
+export function renderFit(out, { params, weightBytesPerElement, measuredWeights, memGiB, groups, storage, exact, ctx, seq, contextWindow, maxTokens }) {
   const memory = Math.round(memGiB * GIB);
-  const weights = params == null ? 0 : weightsBytes(params, weightBytesPerElement);
-  const cache = bytesPerToken * ctx * seq;
-
-  out.weights.replaceChildren(...(params == null
-    ? ['No parameter count given, so the weights are not counted here.']
-    : [`Weights: ${formatInt(params)} parameters × ${weightBytesPerElement} B = `, bytesNode(weights), '.']));
-
-  drawBar(out.membar, out.membarLegend, memoryBar(memory, weights, cache), { memory, weights, cache });
-
-  const seqs = maxSequences(memory, weights, bytesPerToken, ctx);
-  const tokens = maxTokens(memory, weights, bytesPerToken, seq);
-  const items = [];
-  if (weights >= memory) {
-    items.push(html('li', { text: `The weights alone (${binary(weights).text}) fill the ${binary(memory).text}: no cache fits.` }));
+  let weights = 0;
+  if (measuredWeights) {
+    weights = measuredWeights.bytes;
+    const tag = html('span', { cls: 'tag tag-measured', text: 'measured' });
+    out.weights.dataset.provenance = 'measured';
+    out.weights.replaceChildren('Weights as the running route holds them (', measuredWeights.label, '): ', bytesNode(weights), ' ', tag, '.');
   } else {
-    items.push(answer(`At ${plural(ctx, 'token')} per sequence: `, 'fit-seqs', plural(seqs, 'sequence'), ' fit.'));
-    const beyond = contextWindow && tokens > contextWindow
+    weights = params == null ? 0 : weightsBytes(params, weightBytesPerElement);
+    out.weights.dataset.provenance = 'computed';
+    out.weights.replaceChildren(...(params == null
+      ? ['No parameter count given, so the weights are not counted here.']
+      : [`Weights: ${formatInt(params)} parameters × ${weightBytesPerElement} B = `, bytesNode(weights), '.']));
+  }
+  const plan = solve(groups, storage, { memory, weights, tokens: ctx, sequences: seq, maxTokens });
+  if (storage.tp > 1) out.weights.append(` Split over ${storage.tp} GPUs: `, bytesNode(plan.weightsPerGpu), ' on each; the plan below is per GPU.');
+  const cache = exact.perGpuTotalBytes;
+  drawBar(out.membar, out.membarLegend, memoryBar(memory, plan.weightsPerGpu, cache), { memory, weights: plan.weightsPerGpu, cache });
+
+  const items = [];
+  if (plan.weightsPerGpu >= memory) {
+    items.push(html('li', { text: `The weights alone (${binary(plan.weightsPerGpu).text}) fill the ${binary(memory).text}: no cache fits.` }));
+  } else {
+    const seqs = plan.sequences === null ? 'any number of sequences' : plural(plan.sequences, 'sequence');
+    items.push(answer(`At ${plural(ctx, 'token')} per sequence: `, 'fit-seqs', seqs, ' fit.'));
+    const capped = plan.tokens >= maxTokens ? ` (the most this calculator tries: nothing here grows past a window or state)` : '';
+    const beyond = contextWindow && plan.tokens > contextWindow
       ? ` That is beyond this model's context window of ${formatInt(contextWindow)}, so the window, not memory, is the limit.` : '';
-    items.push(answer(`With ${plural(seq, 'sequence')}: up to `, 'fit-tokens', plural(tokens, 'token'), ` each.${beyond}`));
+    items.push(answer(`With ${plural(seq, 'sequence')}: up to `, 'fit-tokens', plural(plan.tokens, 'token'), ` each${capped}.${beyond}`));
   }
   out.fit.replaceChildren(...items);
 }

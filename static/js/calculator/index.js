@@ -1,29 +1,43 @@
-// The KV-memory calculator figure: mount(el) loads the presets and golden cases from
-// static/data/kv_golden.json, binds the template's controls to one state object, redraws every
-// read-out from it, and mirrors it into the query string; destroy() undoes all of that.
+// The KV-memory calculator figure: mount(el) loads the presets and golden cases (static/data/kv_golden.json)
+// and the bundled model configs (static/data/model-configs.json), binds the template's controls to one state
+// object, redraws every read-out from it with the layer-group arithmetic (kv-layers.js), and mirrors it into
+// the query string; destroy() undoes all of that. Input the arithmetic refuses leaves the last valid state shown.
 import { currentModel } from '../model-status.js';
 import { html } from '../shared/dom.js';
 import { defineFigure } from '../shared/figure.js';
 import { billions, formatBytes, formatInt, plural } from '../shared/format.js';
 import { renderAllocation } from './allocation.js';
 import { bytesNode } from './bytes.js';
+import { bindConfigInput } from './config-input.js';
 import { renderFit } from './fit.js';
-import { attentionKind, kvBytesPerToken } from './kv-math.js';
+import { renderFormula, renderGroupTable, renderKeys, renderNaive } from './groups.js';
+import { attentionKind } from './kv-math.js';
+import { KvInputError, cacheBytes, naiveBytes } from './kv-layers.js';
 import { createLiveCheck } from './live-check.js';
+import { resolveModel } from './model.js';
 import { createSlider } from './slider.js';
-import { BLOCK_SIZES, LIMITS, fromPreset, parse, parseMix, readInt, readNum, write } from './state.js';
+import {
+  BLOCK_SIZES, GROUP_SIZES, LIMITS, SCALE_BYTES, TP_SIZES, fromConfig, fromPreset, parse, parseMix, readInt, readNum, write,
+} from './state.js';
 import { renderTiles } from './tiles.js';
+import { readConfig } from './kv-config.js';
 
 const DATA_URL = new URL('../../data/kv_golden.json', import.meta.url);
-const ARCH_FIELDS = ['layers', 'heads', 'kvHeads', 'headDim', 'dtype'];
+const CATALOGUE_URL = new URL('../../data/model-configs.json', import.meta.url);
+const ARCH_FIELDS = ['layers', 'heads', 'kvHeads', 'headDim'];
+const STATE_TYPES = ['fp32', 'fp16', 'fp8']; // whole bytes: a recurrent state is not kept in 4 bits
+// Where the live model's weight type (ModelFacts.weights_dtype) lands among the element types.
+const WEIGHT_TYPES = { float32: 'fp32', bfloat16: 'fp16', float16: 'fp16', int8: 'int8', int4: 'int4' };
+
+async function loadJson(url, signal) {
+  const res = await fetch(url, { signal });
+  if (!res.ok) throw new Error(`HTTP ${res.status}`);
+  return res.json();
+}
 
 export const { mount, destroy } = defineFigure((root, figure) => {
-  fetch(DATA_URL, { signal: figure.signal })
-    .then((res) => {
-      if (!res.ok) throw new Error(`HTTP ${res.status}`);
-      return res.json();
-    })
-    .then((golden) => { if (figure.alive) start(root, golden, figure); })
+  Promise.all([loadJson(DATA_URL, figure.signal), loadJson(CATALOGUE_URL, figure.signal)])
+    .then(([golden, catalogue]) => { if (figure.alive) start(root, golden, catalogue.models, figure); })
     .catch((err) => {
       if (!figure.alive) return; // destroyed: the fetch was aborted on purpose
       root.querySelector('[data-out="loading"]').textContent = `The calculator could not load its data (${err.message}).`;
@@ -31,26 +45,54 @@ export const { mount, destroy } = defineFigure((root, figure) => {
 });
 
 // Everything here listens through `figure`, so destroy() removes it all.
-function start(root, golden, figure) {
+function start(root, golden, catalogue, figure) {
   const field = (name) => root.querySelector(`[data-field="${name}"]`);
   const out = (name) => root.querySelector(`[data-out="${name}"]`);
   const elementTypes = golden.element_types;
   const bytesOf = (id) => elementTypes.find((e) => e.id === id).bytes;
   const presets = golden.presets;
   let livePreset = null;
-  let state = parse(new URLSearchParams(location.search), presets, elementTypes.map((e) => e.id));
+  let liveApplied = false;
+  let state = parse(new URLSearchParams(location.search), presets, elementTypes.map((e) => e.id), catalogue.map((m) => m.id));
 
-  fillSelects(root, field, elementTypes, presets);
+  fillSelects(root, field, elementTypes, presets, catalogue);
 
   function presetById(id) {
     return id === 'live' ? livePreset : presets.find((p) => p.id === id);
   }
 
+  const storageOf = (st) => ({
+    kv_dtype: st.dtype, scale: st.scale, group_size: st.groupSize, scale_bytes: st.scaleBytes,
+    block_size: st.round, tp: st.tp, state_bytes: bytesOf(st.sdtype),
+  });
+
+  // The exact answer for a state, or a KvInputError naming the field (the caller keeps the last valid state).
+  function compute(st) {
+    const model = resolveModel(st, catalogue);
+    const storage = storageOf(st);
+    const exact = cacheBytes(model.groups, st.ctx, st.seq, storage);
+    return { model, storage, exact, naive: naiveBytes(model.naive, st.ctx, st.seq, st.dtype) };
+  }
+
+  function showError(err) {
+    out('calc-error').textContent = err ? `${err.field}: ${err.reason}. The last valid numbers stay shown.` : '';
+  }
+
   // A user change: new state, every read-out redrawn, the URL updated for sharing. Editing an
-  // architecture field by hand turns the preset into "custom".
+  // architecture field by hand turns the preset into "custom" (one group of full attention).
   function update(patch) {
-    state = { ...state, ...patch };
-    if (!('preset' in patch) && ARCH_FIELDS.some((f) => f in patch)) state.preset = 'custom';
+    let next = { ...state, ...patch };
+    if (!('preset' in patch) && ARCH_FIELDS.some((f) => f in patch)) next = { ...next, preset: 'custom', config: null };
+    try {
+      compute(next);
+    } catch (err) {
+      if (!(err instanceof KvInputError)) throw err;
+      showError(err);
+      render();
+      return;
+    }
+    state = next;
+    showError(null);
     render();
     const url = new URL(location.href);
     write(url.searchParams, state);
@@ -71,8 +113,18 @@ function start(root, golden, figure) {
     if (name === 'mix') out('mix-error').textContent = ok ? '' : mixHelp;
   });
   figure.listen(field('preset'), 'change', (ev) => {
-    const preset = presetById(ev.target.value);
-    update(preset ? fromPreset(state, preset) : { preset: 'custom' });
+    const id = ev.target.value;
+    const entry = catalogue.find((m) => `cfg:${m.id}` === id);
+    if (entry) {
+      update(fromConfig(state, id, readConfig(entry.config), entry.params));
+      return;
+    }
+    const preset = presetById(id);
+    update(preset ? fromPreset(state, preset) : { preset: 'custom', config: null });
+  });
+  bindConfigInput(root, figure, {
+    onRead: (read, text) => update(fromConfig(state, 'pasted', read, state.params, text)),
+    onError: (errors) => { out('config-error').textContent = errors.map((e) => `${e.field}: ${e.message}`).join(' · '); },
   });
 
   const live = createLiveCheck(out('live-part'), figure);
@@ -83,34 +135,50 @@ function start(root, golden, figure) {
     const option = field('preset').querySelector('option[value="live"]');
     option.disabled = false;
     option.textContent = livePreset.label;
-    render();
+    // A link that names the live model (?preset=live) gets its numbers once the server has said them.
+    if (state.preset === 'live' && !liveApplied) update(fromPreset(state, livePreset));
+    else render();
+    liveApplied = true;
   }
   figure.listen(document, 'kvscope:model', (ev) => onModel(ev.detail));
   onModel(currentModel());
 
+  function measuredWeights() {
+    if (state.preset !== 'live' || !livePreset || state.params !== livePreset.params) return null;
+    return { bytes: livePreset.weights_bytes, label: livePreset.weightsLabel };
+  }
+
   function render() {
-    const arch = { layers: state.layers, kvHeads: state.kvHeads, headDim: state.headDim, bytesPerElement: bytesOf(state.dtype) };
-    const bpt = kvBytesPerToken(arch);
+    const { model, storage, exact, naive } = compute(state);
     const preset = presetById(state.preset);
+    const entry = model.entry;
     showValues(field, state, sliders);
-    renderPresetCard(out('preset-card'), preset, elementTypes);
-    renderKind(out('attention-kind'), state);
-    // The attention kind and the window note restate the chosen model's numbers: same provenance as its card
-    // (your own numbers, with no preset, are a hypothetical model).
-    const kind = presetKind(preset);
+    renderPresetCard(out('preset-card'), preset, elementTypes, entry, model.read);
+    renderKind(out('attention-kind'), state, model);
+    // The attention kind and the window note restate the chosen model's numbers: same provenance as its card.
+    const kind = presetKind(preset, entry, model.read);
+    const contextWindow = model.read ? model.read.contextWindow : preset && preset.context_window;
     out('attention-kind').dataset.provenance = kind;
     out('ctx-note').dataset.provenance = kind;
-    out('ctx-note').textContent = preset && preset.context_window && state.ctx > preset.context_window
-      ? `Beyond this model's context window of ${formatInt(preset.context_window)} positions: arithmetic only.` : '';
-    renderFormula(out('formula'), arch, bpt, state);
-    out('per-token').replaceChildren(bytesNode(bpt));
-    out('per-seq').replaceChildren(bytesNode(bpt * state.ctx));
-    out('total').replaceChildren(bytesNode(bpt * state.ctx * state.seq));
-    renderTiles(out('tiles'), out('tiles-caption'), { ctx: state.ctx, seq: state.seq, block: state.block, bytesPerToken: bpt });
-    renderAllocation(out('alloc'), out('alloc-table'), { mix: state.mix, block: state.block, ctx: state.ctx, bytesPerToken: bpt });
+    out('ctx-note').textContent = contextWindow && state.ctx > contextWindow
+      ? `Beyond this model's context window of ${formatInt(contextWindow)} positions: arithmetic only.` : '';
+    renderFormula(out('formula'), model.groups, exact, storage, state);
+    out('per-token').replaceChildren(bytesNode(exact.perTokenBytes));
+    out('per-seq').replaceChildren(bytesNode(exact.sequenceBytes));
+    out('total').replaceChildren(bytesNode(exact.totalBytes));
+    out('per-gpu').replaceChildren(...(storage.tp > 1 ? [bytesNode(exact.perGpuTotalBytes), ` on each of ${storage.tp} GPUs`] : ['one GPU: the same as all sequences']));
+    renderGroupTable(out('groups-table'), model.groups, exact);
+    renderNaive(out('naive'), { naive: model.naive, naiveBytes: naive, exact, groups: model.groups, storage });
+    renderKeys(out('config-keys'), model.read, entry);
+    out('config-keys').dataset.provenance = kind;
+    const growth = exact.perTokenBytes / storage.tp;
+    renderTiles(out('tiles'), out('tiles-caption'), { ctx: state.ctx, seq: state.seq, block: state.block, bytesPerToken: growth });
+    renderAllocation(out('alloc'), out('alloc-table'), { mix: state.mix, block: state.block, ctx: state.ctx, bytesPerToken: growth });
+    out('alloc-note').textContent = model.groups.some((g) => g.kind !== 'full') || storage.tp > 1
+      ? `This comparison counts ${formatBytes(growth)} for every position (all layers as if they kept it, one GPU); windows, states and sharing are in the totals above.` : '';
     renderFit({ weights: out('weights'), membar: out('membar'), membarLegend: out('membar-legend'), fit: out('fit') }, {
-      params: state.params, weightBytesPerElement: bytesOf(state.wdtype), memGiB: state.mem, bytesPerToken: bpt,
-      ctx: state.ctx, seq: state.seq, contextWindow: preset ? preset.context_window : null,
+      params: state.params, weightBytesPerElement: bytesOf(state.wdtype), measuredWeights: measuredWeights(), memGiB: state.mem,
+      groups: model.groups, storage, exact, ctx: state.ctx, seq: state.seq, contextWindow, maxTokens: LIMITS.ctx[1],
     });
   }
 
@@ -120,14 +188,23 @@ function start(root, golden, figure) {
   root.dataset.ready = 'true';
 }
 
-function fillSelects(root, field, elementTypes, presets) {
+function fillSelects(root, field, elementTypes, presets, catalogue) {
   for (const select of root.querySelectorAll('[data-element-select]')) {
     select.replaceChildren(...elementTypes.map((e) => new Option(`${e.label} (${e.bytes} B)`, e.id)));
   }
+  field('sdtype').replaceChildren(...elementTypes.filter((e) => STATE_TYPES.includes(e.id)).map((e) => new Option(`${e.label} (${e.bytes} B)`, e.id)));
   field('block').replaceChildren(...BLOCK_SIZES.map((b) => new Option(plural(b, 'token'), String(b))));
+  field('round').replaceChildren(...BLOCK_SIZES.map((b) => new Option(b === 1 ? 'none' : plural(b, 'position'), String(b))));
+  field('tp').replaceChildren(...TP_SIZES.map((n) => new Option(plural(n, 'GPU'), String(n))));
+  field('groupSize').replaceChildren(...GROUP_SIZES.map((n) => new Option(`G = ${n}`, String(n))));
+  field('scaleBytes').replaceChildren(...SCALE_BYTES.map((n) => new Option(`${n} B (${n === 2 ? 'fp16' : 'fp32'})`, String(n))));
   const live = new Option('Live model (waiting for the server)', 'live');
   live.disabled = true;
-  field('preset').replaceChildren(...presets.map((p) => new Option(p.label, p.id)), live, new Option('Custom', 'custom'));
+  const configs = html('optgroup');
+  configs.label = 'Bundled config.json files';
+  configs.append(...catalogue.map((m) => new Option(m.label, `cfg:${m.id}`)));
+  const pasted = new Option('Pasted config.json', 'pasted');
+  field('preset').replaceChildren(...presets.map((p) => new Option(p.label, p.id)), configs, live, pasted, new Option('Custom', 'custom'));
 }
 
 // Text and number fields update the state on every valid keystroke; an invalid entry is marked (and
@@ -160,8 +237,10 @@ function bindInputs(field, update, getState, figure, onValidity) {
       showField(input, name, getState());
     });
   }
-  for (const name of ['dtype', 'wdtype']) figure.listen(field(name), 'change', (ev) => update({ [name]: ev.target.value }));
-  figure.listen(field('block'), 'change', (ev) => update({ block: Number(ev.target.value) }));
+  for (const name of ['dtype', 'wdtype', 'sdtype', 'scale']) figure.listen(field(name), 'change', (ev) => update({ [name]: ev.target.value }));
+  for (const name of ['block', 'round', 'tp', 'groupSize', 'scaleBytes']) {
+    figure.listen(field(name), 'change', (ev) => update({ [name]: Number(ev.target.value) }));
+  }
 }
 
 function fieldText(name, state) {
@@ -174,10 +253,13 @@ function showField(input, name, state) {
   input.value = fieldText(name, state);
 }
 
+const SHOWN = ['layers', 'heads', 'kvHeads', 'headDim', 'ctx', 'seq', 'params', 'mem', 'mix', 'dtype', 'wdtype', 'block', 'preset',
+  'sdtype', 'scale', 'round', 'tp', 'groupSize', 'scaleBytes'];
+
 // Puts the state into every control, except the one being typed in (rewriting it would fight the
 // user: "8." is a valid 8 on its way to 8.03).
 function showValues(field, state, sliders) {
-  for (const name of ['layers', 'heads', 'kvHeads', 'headDim', 'ctx', 'seq', 'params', 'mem', 'mix', 'dtype', 'wdtype', 'block', 'preset']) {
+  for (const name of SHOWN) {
     const input = field(name);
     if (input !== document.activeElement) showField(input, name, state);
   }
@@ -185,15 +267,13 @@ function showValues(field, state, sliders) {
   sliders.seq.set(state.seq);
 }
 
-function renderFormula(el, arch, bpt, state) {
-  const perToken = `2 (K and V) × ${formatInt(arch.layers)} layers × ${formatInt(arch.kvHeads)} KV heads × `
-    + `${formatInt(arch.headDim)} head dim × ${arch.bytesPerElement} B = ${formatBytes(bpt)} per token`;
-  const total = `${formatBytes(bpt)} × ${plural(state.ctx, 'token')} × ${plural(state.seq, 'sequence')} = `
-    + `${formatBytes(bpt * state.ctx * state.seq)}`;
-  el.replaceChildren(...[perToken, total].map((text) => html('span', { cls: 'kvc-formula-line', text })));
-}
-
-function renderKind(el, { heads, kvHeads }) {
+function renderKind(el, { heads, kvHeads }, model) {
+  if (model.read) {
+    const kinds = [...new Set(model.groups.map((g) => g.kind))];
+    el.textContent = `Read from the config: ${plural(model.groups.length, 'layer group')} (${kinds.join(', ')}); `
+      + 'the number fields show the one-formula reading of it, and editing them turns the model into one group of full attention.';
+    return;
+  }
   const kind = attentionKind(heads, kvHeads);
   const texts = {
     MHA: `MHA (multi-head attention): each of the ${formatInt(heads)} query heads has its own key/value head.`,
@@ -209,13 +289,43 @@ function renderKind(el, { heads, kvHeads }) {
   else el.textContent = 'More KV heads than query heads is not a real configuration; the arithmetic still runs.';
 }
 
-function presetKind(preset) {
+function presetKind(preset, entry, read) {
+  if (entry) return 'cited';
+  if (read) return 'hypothetical'; // a pasted file: the reader's own numbers
   if (!preset) return 'hypothetical';
   if (preset.id === 'live') return 'measured';
   return preset.hypothetical ? 'hypothetical' : 'cited';
 }
 
-function renderPresetCard(el, preset, elementTypes) {
+function sourceLine(kind, name, url, note) {
+  const source = html('p', { cls: 'kvc-card-source' });
+  source.dataset.provenance = kind;
+  source.append(html('span', { cls: `tag tag-${kind}`, text: kind }), ' Source: ');
+  if (url) {
+    const a = html('a', { text: name });
+    a.href = url;
+    source.append(a);
+  } else source.append(name);
+  source.append(note ? `. ${note}` : '.');
+  return source;
+}
+
+function renderConfigCard(el, entry, read) {
+  const kind = presetKind(null, entry, read);
+  const card = html('p', { cls: 'kvc-card-numbers', text: `${plural(read.naive.layers, 'layer')} read as ${read.groups.map((g) => `${formatInt(g.layers)} ${g.kind}`).join(' + ')}` });
+  card.dataset.provenance = kind;
+  const params = entry && entry.params ? ` Parameters: ${formatInt(entry.params)} (${entry.params_source}).` : '';
+  const source = entry
+    ? sourceLine(kind, `${entry.repo} config.json`, entry.url, `${entry.note ? `${entry.note} ` : ''}${params}`.trim())
+    : sourceLine(kind, 'the config.json pasted here', null, 'Your file: its numbers are as you gave them');
+  el.replaceChildren(card, source);
+}
+
+function renderPresetCard(el, preset, elementTypes, entry, read) {
+  if (read) {
+    renderConfigCard(el, entry, read);
+    return;
+  }
   if (!preset) {
     el.replaceChildren(html('p', { text: 'Custom: your own numbers.' }));
     return;
@@ -228,30 +338,25 @@ function renderPresetCard(el, preset, elementTypes) {
     preset.params ? `${formatInt(preset.params)} parameters` : 'parameters not given',
     preset.context_window ? `context window ${formatInt(preset.context_window)}` : 'context window not given',
   ];
-  const live = preset.id === 'live';
   // Where the card's numbers come from: read off the live model, a hypothetical worked example, or a cited config.
   const kind = presetKind(preset);
-  const source = html('p', { cls: 'kvc-card-source' });
-  source.dataset.provenance = kind;
-  source.append(html('span', { cls: `tag tag-${kind}`, text: kind }), ' Source: ');
-  if (preset.source.url) {
-    const a = html('a', { text: preset.source.name });
-    a.href = preset.source.url;
-    source.append(a);
-  } else source.append(preset.source.name);
-  source.append(preset.note ? `. ${preset.note}` : '.');
   const card = html('p', { cls: 'kvc-card-numbers', text: `${numbers.join(' · ')} → ${formatBytes(preset.bytes_per_token)} per token` });
   card.dataset.provenance = kind;
-  el.replaceChildren(card, source);
+  el.replaceChildren(card, sourceLine(kind, preset.source.name, preset.source.url, preset.note));
 }
 
+// The live model as a preset: its cache type for the cache, and for the weights the type and the bytes the
+// running route holds (ModelFacts.weights_dtype, weights_bytes, quantization), never the cache's type.
 function presetFromFacts(f, elementTypes) {
   const type = elementTypes.find((e) => e.bytes === f.bytes_per_element) || elementTypes[0];
+  const weightsType = WEIGHT_TYPES[f.weights_dtype] || type.id;
+  const quant = f.quantization && f.quantization !== 'none' ? `; ${f.quantization}` : '';
   return {
-    id: 'live', label: `Live model: ${f.name} (${f.dtype})`, layers: f.layers, attention_heads: f.attention_heads,
-    kv_heads: f.kv_heads, head_dim: f.head_dim, dtype: type.id, params: f.params, context_window: f.context_window,
-    bytes_per_token: f.kv_bytes_per_token,
+    id: 'live', label: `Live model: ${f.name} (${f.weights_dtype || f.dtype} weights, ${f.dtype} cache)`, layers: f.layers,
+    attention_heads: f.attention_heads, kv_heads: f.kv_heads, head_dim: f.head_dim, dtype: type.id, wdtype: weightsType,
+    params: f.params, context_window: f.context_window, bytes_per_token: f.kv_bytes_per_token, weights_bytes: f.weights_bytes,
+    weightsLabel: `${f.weights_dtype || f.dtype} weights, ModelFacts.weights_bytes`,
     source: { name: `the model running behind this page, as it reports itself (/api/model), on ${f.device_name || f.device}`, url: null },
-    note: null,
+    note: `Weights: ${f.weights_dtype || f.dtype}${quant}. KV cache: ${f.kv_dtype || f.dtype}`,
   };
 }

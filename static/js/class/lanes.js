@@ -9,6 +9,22 @@ import { lanes } from './feed-state.js';
 import { colourFor } from './colors.js';
 
 export const MAX_LANES = 16; // rows on the projector; the rest are counted, not drawn
+const MIN_LANES = 3;
+
+// How many lanes the list's box holds: on the one-screen layout the list has the height the page
+// leaves it (class.css clips it), so rows that would fall below are counted instead; elsewhere the
+// page scrolls and MAX_LANES show.
+export function lanesThatFit(boxPx, rowPx, gapPx) {
+  if (!(boxPx > 0) || !(rowPx > 0)) return MAX_LANES;
+  return Math.max(MIN_LANES, Math.min(MAX_LANES, Math.floor((boxPx + gapPx) / (rowPx + gapPx))));
+}
+
+function fitting(list) {
+  const style = getComputedStyle(list);
+  const first = list.firstElementChild;
+  if (style.overflowY !== 'hidden' || !first) return MAX_LANES;
+  return lanesThatFit(list.clientHeight, first.getBoundingClientRect().height, parseFloat(style.rowGap) || 0);
+}
 const STATUS_TEXT = {
   waiting: 'waiting', prefill: 'prefill', decode: 'decoding', recompute: 'recomputing', preempted: 'preempted',
   finished: 'finished', cancelled: 'cancelled', error: 'error',
@@ -58,20 +74,25 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   const empty = el.querySelector('[data-lanes-empty]');
   const rows = new Map(); // request key → {li, parts}
   let seen = -1;
+  const drop = (key, row) => { row.li.remove(); rows.delete(key); };
 
   followState(figure, (state) => {
     if (state.version === seen) return;
     seen = state.version;
     const all = lanes(state);
-    const shown = all.slice(0, MAX_LANES);
+    let shown = all.slice(0, MAX_LANES);
     const keep = new Set(shown.map((r) => r.key));
-    for (const [key, row] of rows) if (!keep.has(key)) { row.li.remove(); rows.delete(key); }
+    for (const [key, row] of rows) if (!keep.has(key)) drop(key, row);
     shown.forEach((r, i) => {
       let row = rows.get(r.key);
       if (!row) { row = makeRow(r); rows.set(r.key, row); }
       fill(row, r, !!state.settings?.paused, !!state.settings?.show_prompts);
       if (list.children[i] !== row.li) list.insertBefore(row.li, list.children[i] || null);
     });
+    // Measured once the rows are in: those past the list's box (one-screen layout) are counted instead.
+    const fit = fitting(list);
+    for (const r of shown.slice(fit)) drop(r.key, rows.get(r.key));
+    shown = shown.slice(0, fit);
     const inFlight = all.filter((r) => !['finished', 'cancelled', 'error'].includes(r.status)).length;
     const hidden = all.length - shown.length;
     more.textContent = hidden > 0 ? `+${hidden} more not shown` : '';

@@ -166,12 +166,12 @@ export function analyseSweep(results, facts) {
     const ttft = tokenEvents(run)[0]?.t_ms ?? null;
     const steps = tokenEvents(run).filter((e) => e.index > 0);
     const stepMs = median(steps.map((e) => e.step_ms));
-    const bandwidth = median(steps.map((e) => decodeBytesPerS(facts.weights_bytes, e.cache_bytes_measured, e.step_ms)));
+    const bandwidth = median(steps.map((e) => decodeBytesPerS(facts, e.cache_tokens - 1, e.step_ms)));
     return {
       label, promptTokens, ttftMs: ttft, prefillMs: prefill?.ms ?? null, stepMs,
       prefillFlopsPerS: prefillFlopsPerS(facts, promptTokens, prefill?.ms),
       decodeBytesPerS: bandwidth,
-      decodeFlopsPerS: decodeFlopsPerS(facts.params, stepMs),
+      decodeFlopsPerS: median(steps.map((e) => decodeFlopsPerS(facts, e.cache_tokens - 1, e.step_ms))),
     };
   });
   const ok = rows.filter((r) => r.promptTokens != null && r.ttftMs != null);

@@ -15,6 +15,7 @@ import { mountPromptView } from './prompt-view.js';
 import { createRunView } from './run-view.js';
 import { mountExperiments } from './experiments-view.js';
 import { mountHistory } from './history.js';
+import * as attention from './attention-view.js';
 
 export const { mount, destroy } = defineFigure((el, figure) => {
   const handles = new Set(); // runs in flight, cancelled on destroy
@@ -48,7 +49,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
 
   // Sends one request and keeps its run record current. Resolves `done` with the run once it has
   // ended and its prompt description is known.
-  function launch(payload, { kind, label = '', onUpdate = () => {} }) {
+  function launch(payload, { kind, label = '', onUpdate = () => {}, onEvent: watch = () => {} }) {
     const run = createRun({ id: history.newId(), kind, label, payload });
     history.add(run);
     const handle = runRequest(payload, {
@@ -59,6 +60,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
       onEvent(event) {
         const before = run.status;
         applyEvent(run, event, performance.now());
+        watch(event);
         onUpdate(run);
         if (run.status !== before) history.refresh(run);
       },
@@ -79,7 +81,9 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   function onRun(ev) {
     ev.preventDefault();
     if (mainHandle) return;
-    const { run, cancel, done } = launch(currentPayload(), { kind: 'your run', onUpdate: () => runView.update() });
+    const { run, cancel, done } = launch(attention.prepare(currentPayload()), {
+      kind: 'your run', onUpdate: () => runView.update(), onEvent: attention.apply,
+    });
     mainHandle = { cancel };
     runView.show(run);
     runButton.disabled = true;
@@ -111,5 +115,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   figure.listen(document, 'kvscope:model', onModel);
   figure.onDestroy(() => { for (const h of handles) h.cancel(); });
   mountExperiments(el, launch, figure);
+  attention.mount(el.querySelector('#lab-attention'));
+  figure.onDestroy(attention.destroy);
   onEdit();
 });

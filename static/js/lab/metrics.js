@@ -3,6 +3,7 @@
 // (tokens − 1); ITL = every gap between consecutive tokens. All times are the server's `t_ms`.
 import { EVENT, isTerminal } from '../shared/protocol.js';
 import { median, percentile } from '../shared/stats.js';
+import { decodeFlops, decodeStepBytes, decodeTokensPerS, perSecond, prefillFlops } from '../shared/cost.js';
 
 export { median, percentile };
 
@@ -32,41 +33,32 @@ export function robustSlope(points) {
   return median(slopes);
 }
 
-// The one prefill FLOP count, the same as bench/baselines.py Shape.prefill_flops (golden cases in
-// static/data/kv_golden.json `prefill_flops`, checked against both): 2 × non-embedding parameters per
-// prompt token, plus causal attention (about T²/2 query-key pairs per head and layer, 2 × head dim
-// FLOPs each for the scores and again for the weighted sum), plus ONE row of logits (2 × vocab ×
-// hidden): the engine computes logits for the last position only. The embedding lookup is free.
-// `shape` holds params, layers, attention_heads, head_dim, hidden_size, vocab_size and
-// tied_embeddings (whether the output layer reuses the input embedding, counted once in params;
-// true when not given: both models this site ships tie them).
-export function prefillFlops(shape, tokens) {
-  const { params, layers, attention_heads: heads, head_dim: headDim, hidden_size: hidden, vocab_size: vocab } = shape || {};
-  if (![params, layers, heads, headDim, hidden, vocab].every((x) => x > 0) || !(tokens > 0)) return null;
-  const embedding = vocab * hidden;
-  const nonEmbedding = params - embedding * ((shape.tied_embeddings ?? true) ? 1 : 2);
-  const attention = 2 * layers * tokens * tokens * heads * headDim;
-  return 2 * nonEmbedding * tokens + attention + 2 * embedding;
+// Estimates for the lab's rows: the cost model's counts (shared/cost.js, the twin of model_runner/cost.py,
+// golden cases in static/data/cost_golden.json) over a measured time. `facts` is /api/model's; its
+// `cost_shape` is the model's Shape as it runs (absent for a remote engine, whose layers the page cannot
+// see: then every estimate is null rather than a guess).
+const shapeOf = (facts) => (facts && facts.cost_shape && facts.cost_shape.route ? facts.cost_shape : null);
+
+// Achieved prefill FLOP/s: the prefill's FLOPs (one row of logits) over its measured time.
+export function prefillFlopsPerS(facts, promptTokens, prefillMs) {
+  const shape = shapeOf(facts);
+  if (!shape || !Number.isInteger(promptTokens) || promptTokens < 1) return null;
+  return perSecond(prefillFlops(shape, promptTokens), prefillMs);
 }
 
-// Achieved prefill FLOP/s: prefillFlops ÷ the measured prefill time (an estimate: the count is computed).
-export function prefillFlopsPerS(shape, promptTokens, prefillMs) {
-  const flops = prefillFlops(shape, promptTokens);
-  if (flops === null || !(prefillMs > 0)) return null;
-  return flops / (prefillMs / 1000);
+// Achieved decode bandwidth: the bytes a step reads (the weights as the route stores them — not the
+// untouched embedding, one row of it — and the KV cache at `context` positions) over the step's time.
+export function decodeBytesPerS(facts, context, stepMs) {
+  const shape = shapeOf(facts);
+  if (!shape || !(context >= 0)) return null;
+  return perSecond(decodeStepBytes(shape, 1, context), stepMs);
 }
 
-// Estimate: one decode step reads every weight once plus the whole KV cache, so bytes per step ≈
-// weights_bytes + cache bytes; divided by the measured step time it gives the achieved bandwidth.
-export function decodeBytesPerS(weightsBytes, cacheBytes, stepMs) {
-  if (!(weightsBytes > 0) || !(stepMs > 0)) return null;
-  return (weightsBytes + (cacheBytes || 0)) / (stepMs / 1000);
-}
-
-// A decode step does ≈ 2 × params FLOPs for its one token.
-export function decodeFlopsPerS(params, stepMs) {
-  if (!(params > 0) || !(stepMs > 0)) return null;
-  return (2 * params) / (stepMs / 1000);
+// Achieved decode FLOP/s: 2 × the multiplied weights and the head, plus attention over `context`.
+export function decodeFlopsPerS(facts, context, stepMs) {
+  const shape = shapeOf(facts);
+  if (!shape || !(context >= 0)) return null;
+  return perSecond(decodeFlops(shape, context), stepMs);
 }
 
 // Every metric the lab shows, from the events seen so far: it works mid-run too, with E2E, TPOT
@@ -101,7 +93,8 @@ export function summarize(events) {
     itlP90: percentile(itl, 90),
     itlP99: percentile(itl, 99),
     e2eMs: e2e,
-    decodeTokensPerS: tpot ? 1000 / tpot : null,
+    // (n − 1) / (t_last − t_first), the one decode tokens/s (1000 / TPOT also counts the time after the last token)
+    decodeTokensPerS: e2e !== null ? decodeTokensPerS(times.map((t) => t / 1000)) : null,
     firstTextMs: firstText ? firstText.t_ms : terminal && terminal.text ? terminal.t_ms : null,
     stepMsMedian: median(steps),
     cacheTokens: last ? last.cache_tokens : null,

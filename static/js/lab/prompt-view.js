@@ -7,7 +7,7 @@ import { budgetParts, describeBudget, describeRejection } from './composer-model
 
 const DEBOUNCE_MS = 250;
 // The prompt token's flag for a control marker typed inside a message (model_runner/text/prompt.py sets
-// it; tests/unit/test_truth_backend.py checks this name against the server's). Named here because
+// it; tests/unit/test_text_pipeline.py checks this name against the server's). Named here because
 // shared/protocol.js declares events, not /api/prompt's token fields.
 export const TYPED_CONTROL_FIELD = 'typed_control';
 export const TYPED_CONTROL_CLASS = 'is-typed-control';

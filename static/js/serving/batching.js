@@ -65,9 +65,9 @@ export function mount(el) {
         html('p', { cls: 'sv-sub', text: title, parent: col });
         grid(col, workload, run, name, slots);
         readouts(col, [
-          ['throughput', `${formatFixed(run.throughput_tps, 1)} tok/s`, 'measured', 'throughput'],
+          ['throughput', `${formatFixed(run.throughput_tps, 1)} tok/s`, 'computed', 'throughput'], // tokens ÷ measured time
           ['p95 latency', formatMs(run.p95_latency_ms), 'measured', 'p95'],
-          ['idle slots', `${formatFixed(run.idle_slot_share * 100, 1)} %`, 'measured', 'idle'],
+          ['idle slots', `${formatFixed(run.idle_slot_share * 100, 1)} %`, 'computed', 'idle'], // a share of counted cells
         ]);
       }
     },

@@ -3,7 +3,7 @@
 // the long prompt's own time to first token in each run.
 import { html } from '../shared/dom.js';
 import { formatInt, formatMs } from '../shared/format.js';
-import { clear, readouts, value } from './view.js';
+import { clear, readouts, setting, value } from './view.js';
 
 const RUNS = [['off', 'Chunking off'], ['on', 'Chunking on']];
 
@@ -35,7 +35,7 @@ export function mount(el) {
       head.append('A ');
       value(head, `${formatInt(r.long_prompt_tokens)}-token`, 'measured');
       head.append(' prompt arrives while others decode; chunks of ');
-      value(head, `${formatInt(r.chunk_size)} tokens`, 'measured');
+      setting(head, `${formatInt(r.chunk_size)} tokens`);
       head.append('. Each column is one gap between two tokens; the tallest is ');
       value(head, formatMs(top), 'measured');
       head.append('.');

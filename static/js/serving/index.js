@@ -11,6 +11,7 @@ import { formatFixed, formatInt } from '../shared/format.js';
 import { observeSteps, scrollToStep } from '../walkthrough/scroll.js';
 import { listExperiments, loadTrace, runExperiment } from './data.js';
 import { value } from './view.js';
+import { servingRoute } from '../walkthrough/context.js';
 import * as whyBatch from './why-batch.js';
 import * as batching from './batching.js';
 import * as paged from './paged.js';
@@ -92,11 +93,19 @@ function sourceLine(stage) {
   if (source === 'none') { text('No recorded run'); return; }
   if (source === 'recorded') {
     const on = ctx.recorded.recordedOn || {};
+    const m = response.machine || {};
     text('Recorded run ');
-    // Where and when the recording script ran, as it wrote them down.
-    value(node, `${on.machine || 'this project’s machine'}, ${on.date || 'date not given'}`, 'measured', 'sv-source-detail');
-    node.append(', load ');
-    value(node, formatFixed(on.load_1m, 2), 'measured');
+    // The route the weights ran on sets every number: named always, even where the details are hidden.
+    const route = servingRoute(ctx.recorded, response);
+    value(node, `${route || 'route not recorded'} weights`, 'measured', 'sv-num sv-route');
+    node.append(', ');
+    // Where and when the recording script ran, as it wrote them down (the model line without its route).
+    const model = (on.model || 'model not named').replace(new RegExp(`,\\s*${route}$`), '');
+    value(node, `${model}, ${on.machine || 'this project’s machine'}, ${on.date || 'date not given'}`,
+      'measured', 'sv-source-detail');
+    node.append(' load ');
+    // This experiment's own load when the recording has it, else the recording's at its start.
+    value(node, formatFixed(Number.isFinite(m.load_1m) ? m.load_1m : on.load_1m, 2), 'measured');
   } else {
     const m = response.machine || {};
     text('Live run ');

@@ -1,5 +1,6 @@
 // Pure arithmetic for the "Many requests at once" chapter, no DOM: token passes with and without a KV
 // cache, the context budget, roofline geometry, grid tallies and the speculative-decoding counts.
+import { attainableFlopsS } from '../shared/cost.js';
 
 export const PASS_LIMITS = { prompt: [1, 100000], reply: [1, 100000] };
 
@@ -28,9 +29,10 @@ export function contextUse({ content, template, maxNew, window }) {
   return { prompt, used, window, fits: used <= window, free: window - used };
 }
 
-// The roof a point sits under: bandwidth-limited left of the ridge, compute-limited right of it.
+// The roof a point sits under (shared/cost.js, the twin of model_runner/cost.py attainable_flops_s, which
+// the server's points carry as attainable_flops_s): bandwidth-limited left of the ridge, compute-limited right.
 export function roof(intensity, { peak_flops_s: peak, bandwidth_bytes_s: bw }) {
-  return Math.min(peak, bw * intensity);
+  return attainableFlopsS(intensity, peak, bw);
 }
 
 export function ridge({ peak_flops_s: peak, bandwidth_bytes_s: bw }) {

@@ -9,6 +9,14 @@ export function value(parent, text, provenance = 'measured', cls = 'sv-num') {
   return node;
 }
 
+// A setting of the experiment (a chunk size, a proposer): an input the run was given, not a finding,
+// so it carries no provenance tag (the provenance walk treats [data-setting] as structure).
+export function setting(parent, text, cls = 'sv-setting') {
+  const node = html('span', { cls, text, parent });
+  node.dataset.setting = '';
+  return node;
+}
+
 // A provenance tag as the rest of the page draws it.
 export function tag(parent, provenance) {
   return html('span', { cls: `tag tag-${provenance}`, text: provenance, parent });

@@ -4,6 +4,7 @@ import { html, svgEl } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { barRow, clear, value } from './view.js';
 import { decades, logScale, ridge, roof, share } from './math.js';
+import { pointVerdict } from '../walkthrough/context.js';
 
 const W = 420;
 const H = 240;
@@ -21,13 +22,14 @@ function bars(parent, points) {
   const box = html('div', { cls: 'sv-bars', parent });
   html('p', { cls: 'sv-sub', text: 'Aggregate tokens per second (all users together)', parent: box });
   for (const p of points) {
+    // A rate is tokens ÷ the measured step time: computed from the measurement, not itself measured.
     barRow(box, { label: `batch ${p.batch}`, fraction: share(p.aggregate_tps, agg), text: `${formatFixed(p.aggregate_tps, 1)} tok/s`,
-      cls: 'sv-agg', data: { batch: p.batch, value: p.aggregate_tps } });
+      cls: 'sv-agg', provenance: 'computed', data: { batch: p.batch, value: p.aggregate_tps } });
   }
   html('p', { cls: 'sv-sub', text: 'Per-user tokens per second, and the step time behind it', parent: box });
   for (const p of points) {
     const row = barRow(box, { label: `batch ${p.batch}`, fraction: share(p.per_user_tps, per),
-      text: `${formatFixed(p.per_user_tps, 1)} tok/s`, cls: 'sv-per', data: { batch: p.batch, value: p.per_user_tps } });
+      text: `${formatFixed(p.per_user_tps, 1)} tok/s`, cls: 'sv-per', provenance: 'computed', data: { batch: p.batch, value: p.per_user_tps } });
     value(row, formatMs(p.step_ms), 'measured', 'sv-bar-note');
   }
 }
@@ -84,7 +86,29 @@ function rooflineNotes(parent, rl) {
   p.append('; the ridge, where the two limits meet, sits at ');
   value(p, `${formatFixed(rl.ridge_intensity ?? ridge(rl), 1)} FLOP/B`, 'computed');
   p.append(' (peak ÷ bandwidth). Left of it memory sets the speed; right of it arithmetic does.');
-  if (rl.basis) html('p', { cls: 'sv-note', text: `How: ${rl.basis}.`, parent });
+  // The method in words (which kernel, which sizes): its figures are the measurement's settings.
+  if (rl.basis) html('p', { cls: 'sv-note sv-basis', text: `How: ${rl.basis}.`, parent }).dataset.setting = '';
+}
+
+// What each measured point says, in words: where it sits against the ridge, how much of the roof above
+// it it reached, and the roofline's verdict (its own `verdict` when the recording has one).
+function verdicts(parent, rl) {
+  const list = html('ul', { cls: 'sv-verdicts', parent });
+  list.setAttribute('aria-label', 'What each point shows');
+  for (const p of rl.points || []) {
+    const v = pointVerdict(p, rl);
+    const li = html('li', { parent: list });
+    li.dataset.phase = p.phase;
+    if (p.phase === 'decode') li.dataset.batch = String(p.batch);
+    html('span', { cls: 'sv-verdict-name', text: p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`, parent: li }).dataset.setting = '';
+    li.append(': ');
+    value(li, `${formatFixed(p.intensity, 1)} FLOP/B`, 'computed');
+    li.append(v.side === 'compute-bound' ? ', right of the ridge; reached ' : ', left of the ridge; reached ');
+    value(li, `${formatFixed(v.share * 100, 0)} %`, 'computed', 'sv-num sv-share');
+    li.append(' of the roof above it — ');
+    value(li, v.verdict || `${v.side} by position`, 'computed', 'sv-num sv-verdict');
+    li.append('.');
+  }
 }
 
 export function mount(el) {
@@ -97,6 +121,7 @@ export function mount(el) {
         const box = html('div', { cls: 'sv-roofbox', parent: el });
         rooflineSvg(box, roofline);
         rooflineNotes(box, roofline);
+        verdicts(box, roofline);
       }
     },
     clear() { clear(el); },

@@ -45,9 +45,12 @@ function passes(parent, ids) {
     barRow(out, { label: 'KV cache', fraction: share(t.withCache, [t.noCache]), text: formatInt(t.withCache),
       cls: 'sv-withcache', provenance: 'computed', data: { value: t.withCache } });
     const note = html('p', { cls: 'sv-note', parent: out });
-    note.append('Without the cache: about ');
-    value(note, `${formatFixed(t.ratio, 0)} times`, 'computed', 'sv-num sv-ratio');
-    note.append(' the passes ');
+    // Rounded down, as the reference text's own code prints it (625,250 // 1,500 = 416, not 417).
+    note.append('Without the cache: ');
+    value(note, `${formatInt(Math.floor(t.ratio))} times`, 'computed', 'sv-num sv-ratio');
+    note.append(' the passes (');
+    value(note, formatFixed(t.ratio, 1), 'computed');
+    note.append(', rounded down) ');
     html('span', { cls: 'tag tag-computed', text: 'computed', parent: note });
   };
   return { inputs: [prompt, reply], draw };
@@ -69,7 +72,7 @@ function budget(parent) {
 
 function pricing(parent, response) {
   parent.replaceChildren();
-  html('p', { cls: 'sv-sub', text: 'Why output tokens cost more: time per token on this machine', parent });
+  html('p', { cls: 'sv-sub', text: 'Prompt token vs new token: time per token on this machine, batch one', parent });
   if (!response) {
     html('p', { cls: 'sv-empty', text: 'No recorded pricing run. Press “Run it for real” to measure it here.', parent });
     return;
@@ -82,10 +85,11 @@ function pricing(parent, response) {
     text: `${formatFixed(r.decode_ms_per_token, 2)} ms`, cls: 'sv-decode', data: { value: r.decode_ms_per_token } });
   const note = html('p', { cls: 'sv-note', parent });
   note.append('One new token took ');
-  value(note, `${formatFixed(r.ratio, 1)} times`, 'measured', 'sv-num sv-price-ratio');
+  value(note, `${formatFixed(r.ratio, 1)} times`, 'computed', 'sv-num sv-price-ratio');
   note.append(' as long as one prompt token (');
   value(note, `${formatInt(r.prompt_tokens)}-token prompt, ${formatInt(r.new_tokens)} new tokens`, 'measured');
-  note.append(').');
+  note.append('), one request at a time on this machine. That shows why the asymmetry exists; it is not a price'
+    + ' ratio, which also depends on batching, hardware and business.');
 }
 
 export function mount(el) {

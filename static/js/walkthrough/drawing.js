@@ -5,6 +5,7 @@ import { finder, html, setAttrs, svgEl } from '../shared/dom.js';
 import { formatInt, formatMs, formatSize } from '../shared/format.js';
 import { W, H, LANES, messageCards, tokenGrid, cacheColumns, queueSlot, decodeTick, timelineBoxes } from './layout.js';
 import { STAGES, readout, endSentence, answerComplete } from './stages.js';
+import { recordedOn, runRoute } from './context.js';
 
 const LANE_NAMES = ['messages', 'prompt', 'queue', 'model', 'cache'];
 const PANEL_TITLES = { messages: 'Messages', rendered: 'Rendered prompt (template markers in grey)',
@@ -28,9 +29,11 @@ export const chipText = (text) => text.replace(/\n/g, '↵');
 function sourceLine(state, run) {
   const m = run.model;
   const when = run.recordedAt ? run.recordedAt.slice(0, 10) : '';
-  const where = m.name ? `${m.name} on ${m.device_name || m.device || '?'}` : '';
+  // The route (int4, int8, float32, …) sets every time in the run: it is named beside the model.
+  const route = runRoute(run);
+  const where = m.name ? `${m.name}${route ? `, ${route} weights,` : ''} on ${m.device_name || m.device || '?'}` : '';
   switch (state.source) {
-    case 'recorded': return ['Recorded run', ` · ${where} · ${when}${loadNote(run.recordedOn)}`, 'measured'];
+    case 'recorded': return ['Recorded run', ` · ${where} · ${when}${loadNote(run)}`, 'measured'];
     case 'live': return [run.end ? 'Live run' : 'Live run, events arriving', ` · ${where}`, 'measured'];
     case 'imported': return ['Run from the lab', ` · ${where} · ${when}`, run.measured ? 'measured' : 'schematic'];
     case 'loading': return ['Loading the recorded run…', '', 'schematic'];
@@ -38,10 +41,11 @@ function sourceLine(state, run) {
   }
 }
 
-// The machine's load while it recorded: other work on the CPUs stretches every time in the run.
-function loadNote(on) {
-  if (!on || !Number.isFinite(on.load_1min_before)) return '';
-  return ` · ${on.cpus} CPUs, load ${on.load_1min_before.toFixed(2)} → ${on.load_1min_after.toFixed(2)}`;
+// The machine and its load while it recorded (context.js reads either field naming): other work on
+// the CPUs stretches every time in the run.
+function loadNote(run) {
+  const { machine, load } = recordedOn(run);
+  return `${machine ? ` · ${machine}` : ''}${load ? `, load ${load}` : ''}`;
 }
 
 export function createDrawing(figureEl) {

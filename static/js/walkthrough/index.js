@@ -13,7 +13,9 @@ import { EVENT, isConnectionLost } from '../shared/protocol.js';
 import {
   STAGES, LAST, stageIndex, clampStage, stageForPhase, figureState, storyFacts, factProvenance, schematicRun,
 } from './stages.js';
+import { contextFacts } from './context.js';
 import { createDrawing } from './drawing.js';
+import { loadTrace as loadServingTrace } from '../serving/data.js';
 import { observeSteps, scrollToStep } from './scroll.js';
 
 const TRACE_URL = new URL('../../data/trace-example.json', import.meta.url);
@@ -43,6 +45,33 @@ function showFacts() {
     tag.className = `tag tag-${prov}`;
     tag.textContent = prov;
   }
+  showContext();
+}
+
+// The facts that set the run beside the serving chapter's recording (context.js); a sentence whose
+// data is missing is hidden rather than shown with blanks.
+function showContext() {
+  if (ctx.recorded && !ctx.recordedRun) ctx.recordedRun = deriveRun(ctx.recorded);
+  const { facts, hidden } = contextFacts(ctx.run, ctx.serving, ctx.recordedRun);
+  for (const node of ctx.el.querySelectorAll('[data-ctx]')) {
+    const [text, provenance] = facts[node.dataset.ctx] || [MISSING, 'schematic'];
+    node.textContent = text;
+    node.dataset.provenance = provenance;
+  }
+  for (const node of ctx.el.querySelectorAll('[data-ctx-sentence]')) node.hidden = hidden.includes(node.dataset.ctxSentence);
+}
+
+// The serving chapter's recording, for the roofline and pricing facts; without it those sentences hide.
+async function loadServing() {
+  try {
+    ctx.serving = await loadServingTrace(ctx.figure.signal);
+  } catch {
+    if (!ctx) return;
+    ctx.serving = null;
+  }
+  if (!ctx) return;
+  showContext();
+  if (ctx.anchored) scrollToStep(ctx.dom.steps[ctx.index]);
 }
 
 function setRun(run, source) {
@@ -265,8 +294,8 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     run: q('.wt-run'), stop: q('.wt-stop'), back: q('.wt-back'), status: q('.wt-run-status'),
     list: [...el.querySelectorAll('.wt-stage-list button')], steps: [...el.querySelectorAll('.wt-step')],
   };
-  ctx = { el, dom, figure, index: 0, run: schematicRun(), source: 'loading', recorded: null, live: null,
-    handle: null, follow: false, anchored: false, playTimer: 0 };
+  ctx = { el, dom, figure, index: 0, run: schematicRun(), source: 'loading', recorded: null, recordedRun: null,
+    serving: null, live: null, handle: null, follow: false, anchored: false, playTimer: 0 };
   ctx.drawing = createDrawing(dom.figure);
   // Runs last on destroy (after the listeners and the play timer are gone): the live run is
   // cancelled, the SVG removed, and `ctx = null` tells pending async work to stop.
@@ -299,4 +328,5 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   if (linked >= 0) setStage(linked, { scroll: true });
   updateRunButton();
   loadRecorded();
+  loadServing();
 });

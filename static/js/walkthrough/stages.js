@@ -1,9 +1,10 @@
 // The walkthrough's stages and, for a stage index and a derived run (trace.js deriveRun), the exact
 // state the figure shows. Pure and total: the state depends only on (index, run), so scrolling back
 // to a stage restores it exactly.
-import { MISSING, formatInt, formatMs, formatSize } from '../shared/format.js';
+import { MISSING, formatFixed, formatInt, formatMs, formatSize } from '../shared/format.js';
 import { EVENT } from '../shared/protocol.js';
 import { median } from '../shared/stats.js';
+import { decodeTokensPerS } from '../shared/cost.js';
 
 export const STAGES = [
   { name: 'input', title: 'Assembling the input', focus: 'messages', panel: 'messages', timeline: null },
@@ -208,7 +209,8 @@ export function storyFacts(run) {
     'max-new': formatInt(run.maxNewTokens),
     'context-window': formatInt(m.context_window),
     'step-median': formatMs(median(steps)),
-    'decode-tps': metrics.decode_tokens_per_s ? metrics.decode_tokens_per_s.toFixed(1) : MISSING,
+    // computed from the run's token stamps by the one definition, (n − 1) / (t_last − t_first)
+    'decode-tps': formatFixed(decodeTokensPerS(run.tokens.map((t) => t.tMs / 1000)), 1),
     'cache-positions': formatInt(run.cache.tokens),
     'cache-bytes': formatSize(run.cache.bytes),
     'bytes-per-token': formatInt(m.kv_bytes_per_token),
@@ -238,13 +240,13 @@ export function readout(state, run) {
     queue: () => (q.state === 'empty' ? line('not queued', null)
       : line(`position ${q.position}, ${q.ahead} ahead${q.waitMs === null ? '' : ` · waited ${f['queue-wait']}`}`)),
     prefill: () => {
-      if (p.state === 'done') return line(`${f['prompt-total']} positions in one pass · ${f['prefill-ms']} · ${f['prefill-tps']} tokens/s`);
+      if (p.state === 'done') return [...line(`${f['prompt-total']} positions in one pass · ${f['prefill-ms']}`), ...line(`${f['prefill-tps']} tokens/s`, run.measured ? 'computed' : m)];
       return line(p.state === 'running' ? 'prefill running…' : 'prefill has not started', null);
     },
     'first-token': () => (run.firstToken
       ? line(`first token ${f['first-token']} (p = ${run.firstToken.prob.toFixed(2)}) · after ${f.ttft}`)
       : line('no token yet', null)),
-    decode: () => line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']} · ${f['decode-tps']} tokens/s`),
+    decode: () => [...line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']}`), ...line(`${f['decode-tps']} tokens/s`, run.measured ? 'computed' : m)],
     cache: () => [
       ...line(`${f['cache-positions']} positions cached, ${f['cache-bytes']} held`),
       ...line(`${f['bytes-per-token']} B per token = 2 × ${f.layers} layers × ${f['kv-heads']} KV heads × `

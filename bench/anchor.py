@@ -1,0 +1,136 @@
+"""`kvscope bench --anchor llamacpp`: llama.cpp on the same GGUF, the same token ids and the same
+greedy decoding as the engine, so its lone decode speed and prefill sit beside ours in one run;
+through node-llama-cpp 3.21.1's prebuilt CPU binaries (or llama-cpp-python where installed), and a
+plain sentence saying why when neither is there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+NODE_PACKAGE, NODE_VERSION = "node-llama-cpp", "3.21.1"
+SCRIPT = Path(__file__).with_name("anchor_node.mjs")
+CONTEXT_SIZE = 2048
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Anchor:
+    kind: str  # "node-llama-cpp" or "llama-cpp-python"
+    where: str  # the folder holding node_modules/, or the Python module's version
+    note: str = ""
+
+
+def node_folder() -> Path:
+    """Where the pinned node-llama-cpp is looked for: $KVSCOPE_LLAMACPP_NODE, else the kvscope cache."""
+    from model_runner.loading.loader import cache_root
+
+    override = os.environ.get("KVSCOPE_LLAMACPP_NODE")
+    return Path(override) if override else cache_root() / "anchor" / f"{NODE_PACKAGE}-{NODE_VERSION}"
+
+
+def install_hint() -> str:
+    folder = node_folder()
+    return (
+        f"npm install --prefix {folder} --no-audit --no-fund {NODE_PACKAGE}@{NODE_VERSION} "
+        "(prebuilt CPU binaries, about 700 MB), or pip install llama-cpp-python"
+    )
+
+
+def find_anchor() -> tuple[Anchor | None, str]:
+    """(the llama.cpp found, "") or (None, why not, in one sentence with what to run)."""
+    package = node_folder() / "node_modules" / NODE_PACKAGE / "package.json"
+    node = shutil.which("node")
+    if package.is_file() and node:
+        version = json.loads(package.read_text()).get("version")
+        if version == NODE_VERSION:
+            return Anchor("node-llama-cpp", str(node_folder())), ""
+        why = f"{package.parent} is version {version}, not the pinned {NODE_VERSION}"
+    elif package.is_file():
+        why = "node-llama-cpp is installed but `node` is not on PATH"
+    else:
+        why = f"node-llama-cpp {NODE_VERSION} is not installed in {node_folder()}"
+    try:
+        import llama_cpp  # type: ignore[import-not-found]
+
+        return Anchor("llama-cpp-python", getattr(llama_cpp, "__version__", "?"), why), ""
+    except ImportError:
+        pass
+    return None, f"llama.cpp is not available: {why}, and llama-cpp-python is not installed; run {install_hint()}"
+
+
+def _run_node(anchor: Anchor, gguf: Path, prompts: list[list[int]], new_tokens: int, threads: int) -> dict:
+    job = {"model": str(gguf), "threads": threads, "max_new_tokens": new_tokens, "prompts": prompts,
+           "context_size": CONTEXT_SIZE, "version": NODE_VERSION}  # fmt: skip
+    # An ES module resolves its imports from its own folder upwards (NODE_PATH does not apply): run a copy there.
+    script = Path(anchor.where) / SCRIPT.name
+    shutil.copyfile(SCRIPT, script)
+    done = subprocess.run(
+        ["node", str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"node-llama-cpp exited {done.returncode}: {last}")
+    return json.loads(done.stdout)
+
+
+def _run_python(gguf: Path, prompts: list[list[int]], new_tokens: int, threads: int) -> dict:
+    import time
+
+    from llama_cpp import Llama  # type: ignore[import-not-found]
+
+    llm = Llama(model_path=str(gguf), n_ctx=CONTEXT_SIZE, n_threads=threads, verbose=False)
+    answers = []
+    for prompt in prompts:
+        llm.reset()
+        sent, stamps, tokens = time.perf_counter(), [], []
+        for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            stamps.append((time.perf_counter() - sent) * 1000)
+            if token == llm.token_eos() or len(tokens) >= new_tokens:
+                break
+            tokens.append(token)
+        answers.append({"tokens": tokens, "stamps_ms": stamps})
+    return {"engine": "llama.cpp via llama-cpp-python", "threads": threads, "answers": answers}
+
+
+def timings(answer: dict) -> dict:
+    """Prefill = prompt sent -> first token; decode tokens/s over the gaps after it."""
+    stamps = answer["stamps_ms"]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {
+        "prefill_ms": stamps[0] if stamps else None,
+        "decode_tokens_per_s": 1000 / median(gaps) if gaps else None,
+        "tokens": len(answer["tokens"]),
+    }
+
+
+def run_anchor(gguf: Path, lone: list[int], repeats: int, quality: list[list[int]], new_tokens: int,
+               quality_tokens: int, threads: int) -> dict:  # fmt: skip
+    """The lone prompt `repeats` times (decode tokens/s and prefill, medians), then the quality prompts'
+    greedy answers; {"available": False, "why": ...} when no llama.cpp is found."""
+    anchor, why = find_anchor()
+    if anchor is None:
+        return {"available": False, "why": why}
+
+    def run(prompts, tokens):
+        if anchor.kind == "node-llama-cpp":
+            return _run_node(anchor, gguf, prompts, tokens, threads)
+        return _run_python(gguf, prompts, tokens, threads)
+
+    speed = run([lone] * (repeats + 1), new_tokens)  # the first answer warms the process up, untimed
+    answers = run(quality, quality_tokens)["answers"] if quality else []
+    measured = [timings(a) for a in speed["answers"][1:]]
+    return {
+        "available": True,
+        "engine": speed["engine"],
+        "where": anchor.where,
+        "threads": speed.get("threads", threads),
+        "lone_decode_tokens_per_s": [m["decode_tokens_per_s"] for m in measured],
+        "prefill_ms": [m["prefill_ms"] for m in measured],
+        "quality_answers": [a["tokens"] for a in answers],
+    }

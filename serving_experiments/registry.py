@@ -1,0 +1,50 @@
+"""The registry of the serving chapter's experiments: each one's name (its URL), title, parameters and
+run function, and whether it sets a scheduling policy for its duration (refused where policy changes are)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from model_runner.errors import UserError
+from serving_experiments.experiments import (
+    batching,
+    chunked_prefill,
+    paged_blocks,
+    prefix_caching,
+    pricing,
+    speculative,
+    why_batch,
+)
+from serving_experiments.harness import Param
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    params: dict[str, Param]
+    run: Callable[..., dict]
+    needs_policy: bool  # sets a scheduling policy for its duration (only where policy changes are allowed)
+
+
+EXPERIMENTS = {
+    e.name: e
+    for e in (
+        Experiment("why_batch", "Why batch: one step's cost against batch size", why_batch.PARAMS, why_batch.run, True),
+        Experiment("batching", "Static against continuous batching", batching.PARAMS, batching.run, True),
+        Experiment("paged_blocks", "Paged KV blocks", paged_blocks.PARAMS, paged_blocks.run, False),
+        Experiment("chunked_prefill", "Chunked prefill", chunked_prefill.PARAMS, chunked_prefill.run, True),
+        Experiment("prefix_caching", "Prefix caching", prefix_caching.PARAMS, prefix_caching.run, True),
+        Experiment("speculative", "Speculative decoding", speculative.PARAMS, speculative.run, False),
+        Experiment("pricing", "Prefill against decode: the price of a token", pricing.PARAMS, pricing.run, False),
+    )
+}
+
+
+def experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise UserError(
+            f"no experiment named `{name[:40]}`; known: {', '.join(EXPERIMENTS)}", code="not_found", field="name"
+        )
+    return EXPERIMENTS[name]
