@@ -20,7 +20,6 @@ GOLDEN = json.loads((ROOT / "static/data/kv_golden.json").read_text())
 CATALOGUE = {m["id"]: m for m in json.loads((ROOT / "static/data/model-configs.json").read_text())["models"]}
 CONFIG_CASES = {c["id"]: c for c in GOLDEN["config_cases"]}
 CALC = "#calculator"
-SHOTS = Path("/tmp/shots-h1")
 
 
 def open_calc(page, server, query: str = ""):
@@ -294,16 +293,14 @@ def test_layer_groups_fit_the_screen(page, fake_server, width, console_errors):
     page.locator(f"{CALC} details.kvc-keys summary").click()
     overflow = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0
-    SHOTS.mkdir(exist_ok=True)
     for part, name in (
         ("[data-out='formula']", "formula"),
         ("[data-out='groups-table']", "groups"),
         ("[data-out='config-keys']", "keys"),
     ):
         page.locator(f"{CALC} {part}").evaluate("el => el.scrollIntoView({block: 'center'})")
-        page.screenshot(path=str(SHOTS / f"layers-{name}-{width}.png"))
+        screenshot(page, f"calculator-layers-{name}-{width}")
     open_config_box(page)
     page.locator(f"{CALC} details.kvc-config").evaluate("el => el.scrollIntoView()")
-    page.screenshot(path=str(SHOTS / f"layers-config-{width}.png"))
-    screenshot(page, f"calculator-layers-{width}")
+    screenshot(page, f"calculator-layers-config-{width}")
     assert console_errors == []
