@@ -328,8 +328,10 @@ class Seat:
             self.send({"type": "class_stage", "stage": stage})
 
     def subscribed(self, feed) -> dict:
-        """The socket follows the engine feed: class_state now (returned), class_stats every second."""
+        """The socket follows the engine feed: class_state now (returned), then the engine's last steps
+        (the batch grid of a projector opened late starts full), class_stats every second."""
         self.feed = feed
+        feed.catch_up()
         self.room.start_ticker()
         return self.room.state_event()
 
@@ -339,9 +341,7 @@ class Seat:
     def offer(self, event: dict) -> None:
         feed = self.feed
         if feed is not None:
-            # Into the feed's own bounded buffer, so class events keep the feed's order, never block
-            # the sender, and a reader that falls behind loses them like any feed event.
-            feed._offer(event)
+            feed.interleave(event)
 
     @property
     def feed_dropped(self) -> int:

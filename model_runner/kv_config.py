@@ -233,7 +233,7 @@ def read_config(config: Any) -> dict:
     r = _Reader(config)
     layers = r.whole("num_hidden_layers", "layers", 1, 4096)
     heads = r.whole("num_attention_heads", "attention heads", 1, BIG)
-    context = r.whole("max_position_embeddings", "context window", 1, BIG, None, "not in the file: no context limit")
+    context = r.whole("max_position_embeddings", "context window", 1, BIG, None, "no context limit")
     if layers is None:
         return {"groups": [], "naive": None, "used": r.used, "errors": r.errors, "context_window": context}
     kv = _kv_heads(r, layers, heads)
@@ -241,7 +241,7 @@ def read_config(config: Any) -> dict:
     kinds = _pattern(r, layers) or ["full"] * layers
     extra = _extras(r, kinds, context)
     per_layer = [_layer(r, k, kv[i], head_dim, extra) for i, k in enumerate(kinds)]
-    shared = r.whole("num_kv_shared_layers", "KV-shared layers", 0, layers - 1, 0, "not in the file: no sharing")
+    shared = r.whole("num_kv_shared_layers", "KV-shared layers", 0, layers - 1, 0, "no sharing")
     for i in range(layers - (shared or 0), layers):
         per_layer[i] = {"kind": "shared"}
     naive = {"layers": layers, "kv_heads": kv[0], "head_dim": head_dim}

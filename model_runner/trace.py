@@ -1,10 +1,12 @@
 """kvscope traces (docs/trace-format.md): a recorded run of one request, every event in arrival
 order, which the page plays before any live run. `validate_trace` is the Python side of the format
-check (the browser's is static/js/trace.js); `record` makes a trace from a ready engine."""
+check (the browser's is static/js/trace.js); `record` makes a trace from a ready engine (with
+attention inspection when its request asks for it) and `dumps_trace` writes one compactly."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import subprocess
@@ -44,6 +46,13 @@ EXAMPLE_REQUEST = {
     "overflow": "reject",
 }
 
+
+def with_attention(request: dict) -> dict:
+    """The request with attention inspection on: its run then sends an `attention` event (what the new
+    token's query read from the cache) before each `token` (docs/protocol.md)."""
+    return {**request, "inspect": {"attention": True}}
+
+
 MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "bytes_per_element", "context_window", "kv_bytes_per_token")
 TOKEN_FIELDS = ("id", "text", "source")
 
@@ -78,7 +87,16 @@ def validate_trace(trace: object) -> list[str]:
     events = trace.get("events")
     if not isinstance(events, list) or not events:
         return problems + ["`events` must be a non-empty list"]
-    last_t, next_index = float("-inf"), 0
+    layers = model.get("layers") if isinstance(model, dict) else None
+    inspected = isinstance(request, dict) and (request.get("inspect") or {}).get("attention") is True
+    return problems + event_problems(events, layers, inspected)
+
+
+def event_problems(events: list, layers: object, inspected: bool) -> list[str]:
+    """What is wrong with a run's events: unknown types, missing fields, time going back, tokens out of
+    order, the terminal event not last; with `inspected`, a token without its `attention` event."""
+    problems = []
+    last_t, next_index, read_for = float("-inf"), 0, None
     for i, event in enumerate(events):
         where = f"events[{i}]"
         if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
@@ -92,15 +110,61 @@ def validate_trace(trace: object) -> list[str]:
             problems.append(f"{where}.t_ms must be a number that never goes back")
         else:
             last_t = t
+        if event["type"] == "attention" and not missing:
+            problems += attention_problems(event, where, next_index, layers, read_for)
+            read_for = event.get("index")
         if event["type"] == "token":
             if event.get("index") != next_index:
                 problems.append(f"{where} is token {event.get('index')}, expected {next_index}")
+            if inspected and read_for != event.get("index"):
+                problems.append(f"{where} is token {event.get('index')} without its attention event before it")
             next_index = event.get("index", next_index) + 1
         if event["type"] in TERMINAL_TYPES and i != len(events) - 1:
             problems.append(f"{where} is terminal but not the last event")
     if events[-1].get("type") not in TERMINAL_TYPES:
         problems.append("the events do not end with a terminal event")
     return problems
+
+
+def attention_problems(event: dict, where: str, next_index: int, layers: object, read_for: object) -> list[str]:
+    """What is wrong with one `attention` event: it must name the token that comes next (once), read
+    positions 0 … query_position, and hold one entry per model layer whose top positions are cached ones."""
+    problems = []
+    index, positions, query = event.get("index"), event.get("positions"), event.get("query_position")
+    if index == read_for:
+        problems.append(f"{where} is a second attention event for token {index}")
+    elif index != next_index:
+        problems.append(f"{where} (attention) is for token {index}, expected one for token {next_index}")
+    if not isinstance(positions, int) or query != positions - 1:
+        problems.append(f"{where} (attention) must read positions 0 … query_position: positions = query_position + 1")
+        return problems
+    summaries = event.get("layers")
+    if not isinstance(summaries, list) or (isinstance(layers, int) and len(summaries) != layers):
+        problems.append(f"{where} (attention) must hold one entry per model layer ({layers})")
+        return problems
+    parts = [part for layer in summaries for part in (layer.values() if isinstance(layer, dict) else [None])]
+    if not all(isinstance(t, dict) and top_in_range(t.get("top"), positions) for t in [event.get("all"), *parts]):
+        problems.append(f"{where} (attention): every `top` must be [[position, weight], …] within 0 … {positions - 1}")
+    return problems
+
+
+def top_in_range(top: object, positions: int) -> bool:
+    return isinstance(top, list) and all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(pair[0], int)
+        and 0 <= pair[0] < positions
+        and isinstance(pair[1], (int, float))
+        for pair in top
+    )
+
+
+def dumps_trace(trace: dict) -> str:
+    """The trace as JSON text: the head indented for reading, then one event per line without spaces
+    (an `attention` event of a 30-layer model is ~13 kB compact; indented, ~2.7 times that)."""
+    head = json.dumps({k: v for k, v in trace.items() if k != "events"}, ensure_ascii=False, indent=1)
+    events = ",\n".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in trace["events"])
+    return f'{head[:-2]},\n "events": [\n{events}\n ]\n}}\n'
 
 
 def machine_load(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict:
@@ -166,10 +230,11 @@ def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> 
     return trace
 
 
-def warm_up(engine, new_tokens: int = 8) -> None:
+def warm_up(engine, new_tokens: int = 8, request: dict = EXAMPLE_REQUEST) -> None:
     """One short request first, so the recording shows a running server, not first-call set-up costs
-    (a fresh process's first decode steps are slow: one is not enough on the int4 route)."""
+    (a fresh process's first decode steps are slow: one is not enough on the int4 route). Give it the
+    request to be recorded, so an inspected recording warms the inspected path too."""
     from model_runner.request import parse_generate
 
-    for _ in engine.submit(parse_generate({**EXAMPLE_REQUEST, "max_new_tokens": new_tokens}), "warm-up"):
+    for _ in engine.submit(parse_generate({**request, "max_new_tokens": new_tokens}), "warm-up"):
         pass

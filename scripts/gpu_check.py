@@ -88,21 +88,6 @@ def ask(question: str, tokens: int):
     return parse_generate({"messages": [{"role": "user", "content": question}], "max_new_tokens": tokens})
 
 
-def read_all(handles) -> list[list[dict]]:
-    """Each handle's events, every stream read on its own thread as a client would."""
-    out: list[list[dict]] = [[] for _ in handles]
-
-    def read(i, h):
-        out[i] = [e.to_dict() for e in h]
-
-    threads = [threading.Thread(target=read, args=(i, h)) for i, h in enumerate(handles)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    return out
-
-
 def tokens_of(events) -> list[dict]:
     return [e for e in events if e["type"] == "token"]
 
@@ -118,10 +103,22 @@ def decode_rate(runs: list[list[dict]]) -> float | None:
     return round(n / span, 1) if span > 0 else None
 
 
-def together(engine, params, label: str) -> list[list[dict]]:
-    with engine.admissions_held():  # admitted in one step: they decode in lockstep
+def together(engine, params, label: str, timeout_s: float = 600) -> list[list[dict]]:
+    """Each request's events, all of them queued while admissions are held (admitted in one step, they
+    decode in lockstep) and every stream read on its own thread as a client would."""
+    with engine.admissions_held():
         handles = [engine.submit(p, f"{label}{i}") for i, p in enumerate(params)]
-    return read_all(handles)
+    out: list[list[dict]] = [[] for _ in handles]
+
+    def read(i, handle):
+        out[i] = [e.to_dict() for e in handle]
+
+    threads = [threading.Thread(target=read, args=(i, h)) for i, h in enumerate(handles)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    return out
 
 
 def speed(device: str, model: str, dtype: str, graphs: str, size: dict) -> dict:
@@ -134,7 +131,7 @@ def speed(device: str, model: str, dtype: str, graphs: str, size: dict) -> dict:
     out = {"dtype": dtype, "model_dtype": engine.facts.dtype, "cuda_graphs": graphs}
     out["ready_s"] = round(time.monotonic() - t0, 1)
     together(engine, [ask(LONG, size["stream_tokens"])] * 2, "warm")  # kernels, allocator, first captures
-    read_all([engine.submit(ask(LONG, size["lone"]), "warm-lone")])  # the lone buckets captured
+    together(engine, [ask(LONG, size["lone"])], "warm-lone")  # the lone buckets captured
     lone = [[e.to_dict() for e in engine.submit(ask(LONG, size["lone"]), "lone")]]
     out["lone_tok_s"] = decode_rate(lone)
     progress(f"{dtype}, graphs {graphs}: lone {out['lone_tok_s']} tok/s")

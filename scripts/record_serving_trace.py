@@ -5,6 +5,10 @@ the machine and its load (`uptime`) when it was recorded.
 
     .venv/bin/python scripts/record_serving_trace.py            # in-process, the default model
     .venv/bin/python scripts/record_serving_trace.py --url http://127.0.0.1:8000
+    .venv/bin/python scripts/record_serving_trace.py --only attention_cost   # merged into the file
+
+With --only, the file's `recorded_on` (which describes the full recording) is kept, and the merged
+experiments are listed under its `merged` with their own date and load (each answer has its machine).
 """
 
 from __future__ import annotations
@@ -90,21 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             experiments[name] = body
     finally:
         close()
-    trace = {
-        "schema": 1,
-        "recorded_on": {
-            "machine": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores".replace(" ,", ","),
-            "load_1m": round(load_start, 2),
-            "load_1m_end": round(os.getloadavg()[0], 2),
-            "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            # the weights' route beside the name: it sets the numbers (the page names it with the run)
-            "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
-            "route": route_of(facts),
-            "cpus": os.cpu_count(),
-            **host_context(),  # of the machine running this script (the server's, in-process)
-        },
-        "experiments": experiments,
+    recorded_on = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores".replace(" ,", ","),
+        "load_1m": round(load_start, 2),
+        "load_1m_end": round(os.getloadavg()[0], 2),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # the weights' route beside the name: it sets the numbers (the page names it with the run)
+        "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
+        "route": route_of(facts),
+        "cpus": os.cpu_count(),
+        **host_context(),  # of the machine running this script (the server's, in-process)
     }
+    if args.only and "recorded_on" in old:  # a merge: the other experiments keep the recording they came from
+        merged = {"experiments": names, "date": recorded_on["date"], "load_1m": recorded_on["load_1m"]}
+        recorded_on = {**old["recorded_on"], "merged": [*old["recorded_on"].get("merged", []), merged]}
+    trace = {"schema": 1, "recorded_on": recorded_on, "experiments": experiments}
     problems = check_trace(trace)
     if problems:
         print("not written: " + "; ".join(problems), file=sys.stderr)

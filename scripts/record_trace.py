@@ -3,6 +3,11 @@ trace (docs/trace-format.md), the file the page plays before any live run:
 
     .venv/bin/python scripts/record_trace.py                 # real default model → static/data/trace-example.json
     .venv/bin/python scripts/record_trace.py --model fake --out /tmp/t.json
+    .venv/bin/python scripts/record_trace.py --no-attention  # without the `attention` events
+
+With attention inspection on (the default, as the shipped trace is recorded) the request carries
+`"inspect": {"attention": true}` and the trace an `attention` event before each `token`: what the
+walkthrough's decode and cache stages show each new token read.
 
 It runs on the route `--dtype auto` picks here (int4 on an AVX-512 CPU), and the trace names that route,
 the machine and its `uptime` load (`recorded_on`), which the page shows beside the recorded run.
@@ -13,14 +18,13 @@ The format, the recorder and the validator live in `model_runner.trace`; this is
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model_runner.trace import record, validate_trace, warm_up  # noqa: E402
+from model_runner.trace import EXAMPLE_REQUEST, dumps_trace, record, validate_trace, warm_up, with_attention  # noqa: E402
 
 DEFAULT_OUT = ROOT / "static" / "data" / "trace-example.json"
 RUN_LIMIT_S = 900.0
@@ -31,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help='"default" (SmolLM2-135M-Instruct), "fake", or a path')
     parser.add_argument("--dtype", default="auto", help="the weights' route (default: auto, as the server runs)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--attention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record what each new token read from the cache (default: on, as the shipped trace)",
+    )
     args = parser.parse_args(argv)
 
     from model_runner.core.engine import Engine, EngineConfig
@@ -39,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, timeout_s=RUN_LIMIT_S)).start()
     try:
         engine.wait_ready(600)
-        warm_up(engine)
+        request = with_attention(EXAMPLE_REQUEST) if args.attention else EXAMPLE_REQUEST
+        warm_up(engine, request=request)
         trace = record(
             engine,
+            request,
             note="Recorded with scripts/record_trace.py after one warm-up request; "
             "times are this machine's, measured by the engine.",
         )
@@ -58,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(trace, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    text = dumps_trace(trace)
+    args.out.write_text(text, encoding="utf-8")
     route = trace["recorded_on"]["route"]["dtype_route"]
     print(
         f"record_trace: {len(trace['events'])} events, {last.get('tokens')} tokens, "
         f"ended with {last.get('reason') or last.get('code')} on the {route} route, {trace['recorded_on']['uptime']} "
-        f"→ {args.out}"
+        f"→ {args.out} ({len(text.encode()) / 1e3:.0f} kB)"
     )
     return 0
 

@@ -23,6 +23,7 @@ RESULT_KEYS = {
     },
     "chunked_prefill": {"chunk_size", "long_prompt_tokens", "runs"},
     "prefix_caching": {"system_prompt_tokens", "runs"},
+    "attention_cost": {"points", "fit", "floor", "limit", "kv_bytes_per_token"},
     "speculative": {"method", "cases"},
     "pricing": {"prefill_ms_per_token", "decode_ms_per_token", "ratio", "prompt_tokens", "new_tokens"},
 }
@@ -104,6 +105,17 @@ def _check_prefix(result: dict) -> list[str]:
     return out
 
 
+def _check_attention(result: dict) -> list[str]:
+    keys = {"prompt_tokens", "cached_tokens", "cached_positions", "step_ms", "step_ms_median", "kv_bytes_read"}
+    out = [p for point in result["points"] for p in _missing("attention_cost.points[]", point, keys)]
+    positions = [p.get("cached_positions") for p in result["points"]]
+    if not positions or None in positions or positions != sorted(positions) or len(set(positions)) < len(positions):
+        out.append(f"attention_cost: cached positions {positions} do not grow")
+    if len(positions) > 1 and result["fit"] is None:
+        out.append("attention_cost: no fit through several lengths")
+    return out + _missing("attention_cost.floor", result["floor"], {"floor_ms", "bandwidth_bytes_s", "weight_bytes"})
+
+
 def _check_speculative(result: dict) -> list[str]:
     keys = {"kind", "prompt", "steps", "proposed", "accepted", "tokens", "acceptance_rate", "plain_ms", "spec_ms"}
     out = []
@@ -120,6 +132,7 @@ RESULT_CHECKS = {
     "paged_blocks": _check_paged,
     "chunked_prefill": _check_chunked,
     "prefix_caching": _check_prefix,
+    "attention_cost": _check_attention,
     "speculative": _check_speculative,
     "pricing": lambda result: [],
 }

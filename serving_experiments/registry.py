@@ -8,6 +8,7 @@ from typing import Callable
 
 from model_runner.errors import UserError
 from serving_experiments.experiments import (
+    attention_cost,
     batching,
     chunked_prefill,
     paged_blocks,
@@ -36,6 +37,13 @@ EXPERIMENTS = {
         Experiment("paged_blocks", "Paged KV blocks", paged_blocks.PARAMS, paged_blocks.run, False),
         Experiment("chunked_prefill", "Chunked prefill", chunked_prefill.PARAMS, chunked_prefill.run, True),
         Experiment("prefix_caching", "Prefix caching", prefix_caching.PARAMS, prefix_caching.run, True),
+        Experiment(
+            "attention_cost",
+            "Attention is not free: decode step time against cached positions",
+            attention_cost.PARAMS,
+            attention_cost.run,
+            True,  # prefix caching on for its run, so each longer prompt reuses the shorter one's blocks
+        ),
         Experiment("speculative", "Speculative decoding", speculative.PARAMS, speculative.run, False),
         Experiment("pricing", "Prefill against decode: the price of a token", pricing.PARAMS, pricing.run, False),
     )

@@ -301,8 +301,7 @@ class Engine(EngineBase, AdmissionControls):
         self._announce.positions(self.scheduler)
 
     def _publish_step(self, batch: StepPlan, step_ms: float) -> None:
-        if not self.feed.subscribers:
-            return
+        # published with nobody listening too: the feed keeps the last steps for a view opened later
         with self._lock:  # the usage step() has just taken, not a second count of the pool
             usage = self._usage
             waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)

@@ -3,7 +3,8 @@ fixed-size blocks of one flat tensor; this module reserves and frees blocks per 
 full prefix blocks between requests (reference-counted by transformers' block ledger), and accounts
 for them: blocks held, bytes reserved, and the bytes a request holds, measured from its block table
 and every layer's K and V tensor layout; a sampled write check confirms each step wrote the rows
-expected (and no others of the request), so "measured" is not a count times a constant."""
+expected (and no others of the request), so "measured" is not a count times a constant. The check
+is armed and read back once a step for all its requests (one gather, one copy from the device)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,8 @@ class PagedKVPool:
         self.views = layer_views(self._allocator)
         alloc = self._allocator
         self.rows = alloc.cache_tensor.view(-1, alloc.num_key_value_heads, alloc.head_dim)  # one K or V row each
+        pages = 2 * len(alloc.layer_indices)  # every layer's K and V page of a block, block_size rows each
+        self._page_offsets = torch.arange(pages, device=self.rows.device) * block_size
         self.writes = WriteCheck()
         self.set_prefix_caching(False)
 
@@ -153,17 +156,18 @@ class PagedKVPool:
         """Share the full blocks of a cached identical prompt prefix with `seq`; the tokens matched."""
         return self.cache.search_prefix_match(seq.key, seq.prompt_ids) if self.prefix_caching else 0
 
-    def completing(self, seq: Sequence, tokens: int) -> dict:
-        """Before a forward over `tokens` new positions: which blocks it will fill (for the prefix index);
-        the write check is armed for those positions."""
-        self.writes.arm(seq.key, self._watch(seq, tokens))
-        return self.cache.count_new_complete_blocks(_CacheState(seq), tokens)
+    def completing_step(self, step: list[tuple[Sequence, int]]) -> list[dict]:
+        """Before a step's forward over (request, new positions) pairs: which blocks each will fill (for
+        the prefix index); the write check is armed for the whole step at once."""
+        self.writes.arm(self.rows, self._page_offsets, [self._watch(seq, tokens) for seq, tokens in step])
+        return [self.cache.count_new_complete_blocks(_CacheState(seq), tokens) for seq, tokens in step]
 
-    def completed(self, seq: Sequence, complete: dict) -> None:
-        """After that forward: register the filled blocks' contents so later prompts can share them,
-        and check that the forward wrote the rows expected of it."""
-        self.writes.verify(seq.key)
-        self.cache.mark_complete_blocks(_CacheState(seq), complete)
+    def completed_step(self, seqs: list[Sequence], complete: list[dict]) -> None:
+        """After that forward: check that it wrote the rows expected of each request (one read back for
+        the step), and register the filled blocks' contents so later prompts can share them."""
+        self.writes.verify()
+        for seq, blocks in zip(seqs, complete):
+            self.cache.mark_complete_blocks(_CacheState(seq), blocks)
 
     def free(self, seq: Sequence) -> int:
         """Give back every block `seq` holds; returns how many it held."""
@@ -231,21 +235,18 @@ class PagedKVPool:
         new = range(past, past + tokens)
         guards = {p for p in (0, past - 1, past + tokens) if 0 <= p < capacity and p not in new}
         return Watch(
-            rows=self.rows,
-            expected=self._flat_rows(table, sorted({new[0], new[-1]})),
-            guards=self._flat_rows(table, sorted(guards)),
+            key=seq.key,
+            expected=self._first_rows(table, sorted({new[0], new[-1]})),
+            guards=self._first_rows(table, sorted(guards)),
             where=f"request {seq.key}, positions {past}-{past + tokens - 1}",
         )
 
-    def _flat_rows(self, table: list[int], positions: list[int]) -> torch.Tensor:
-        """The rows of `positions` in `self.rows`, for every layer's K and V: a block spans
-        block_physical_stride rows, laid out [layer 0 K page | layer 0 V page | layer 1 K page | ...]."""
-        alloc, size = self._allocator, self.block_size
-        pages = range(2 * len(alloc.layer_indices))
-        rows = [
-            table[p // size] * alloc.block_physical_stride + page * size + p % size for p in positions for page in pages
-        ]
-        return torch.tensor(rows, dtype=torch.long, device=self.rows.device)
+    def _first_rows(self, table: list[int], positions: list[int]) -> list[int]:
+        """Each position's row in `self.rows` on the first page of its block (layer 0's K): a block spans
+        block_physical_stride rows, laid out [layer 0 K page | layer 0 V page | layer 1 K page | ...], so
+        its rows on the other pages follow at multiples of the block size (`page_offsets`)."""
+        stride, size = self._allocator.block_physical_stride, self.block_size
+        return [table[p // size] * stride + p % size for p in positions]
 
 
 def layer_views(allocator) -> list[tuple[int, str, torch.Tensor]]:
@@ -258,29 +259,53 @@ def layer_views(allocator) -> list[tuple[int, str, torch.Tensor]]:
     return views
 
 
-@dataclass
+@dataclass(frozen=True)
 class Watch:
-    """What one request's forward is checked against: sampled rows it must write, rows it must not."""
+    """What one request's forward is checked against: sampled positions it must write, positions it must
+    not, each as its first row in the pool (its rows on every layer's K and V page follow from it)."""
 
-    rows: torch.Tensor  # the pool as rows of [kv heads, head dim]
-    expected: torch.Tensor  # row indices
-    guards: torch.Tensor
+    key: str
+    expected: list[int]
+    guards: list[int]
     where: str
-    before: torch.Tensor | None = None
 
-    def arm(self) -> None:
-        self.before = self.rows.index_select(0, self.guards)
-        self.rows.index_fill_(0, self.expected, SENTINEL)
 
-    def problems(self) -> list[str]:
-        unwritten = self.rows.index_select(0, self.expected).eq(SENTINEL).flatten(1).all(1).any()
-        changed = self.rows.index_select(0, self.guards).ne(self.before).any()
-        missed, moved = torch.stack([unwritten, changed]).tolist()  # one read back from the device
+class StepWatch:
+    """A step's watches armed and verified together, so the check costs one gather and one read back from
+    the device per step, not per request: every watched position of the step in one index tensor
+    (expected ones first, then guards), each spread over every page by one broadcast add."""
+
+    def __init__(self, rows: torch.Tensor, page_offsets: torch.Tensor, watches: list[Watch]):
+        self.watches, self.rows = watches, rows
+        firsts = [r for w in watches for r in w.expected] + [r for w in watches for r in w.guards]
+        self.split = sum(len(w.expected) for w in watches)  # positions before it are expected ones
+        firsts = torch.tensor(firsts, dtype=torch.long, device=rows.device)  # the step's one copy to the device
+        self.index = (firsts[:, None] + page_offsets[None, :]).flatten()  # [positions × pages] row indices
+        self.shape = (-1, len(page_offsets), rows[0].numel())  # [positions, pages, one row's elements]
+        cut = self.split * len(page_offsets)
+        self.before = rows.index_select(0, self.index[cut:]).view(self.shape)
+        rows.index_fill_(0, self.index[:cut], SENTINEL)
+
+    def problems(self) -> dict[str, list[str]]:
+        """Each watch's failures by request key (an empty list when it held), from one read back."""
+        seen = self.rows.index_select(0, self.index).view(self.shape)
+        cut = self.split
+        unwritten = seen[:cut].eq(SENTINEL).all(-1).any(-1)  # per expected position: a page left unwritten
+        changed = seen[cut:].ne(self.before).flatten(1).any(-1)  # per guard position: any element changed
+        flags = torch.cat([unwritten, changed]).tolist()  # the one read back from the device
+        missed, moved = iter(flags[:cut]), iter(flags[cut:])
+        return {w.key: self._report(w, missed, moved) for w in self.watches}
+
+    @staticmethod
+    def _report(watch: Watch, missed, moved) -> list[str]:
+        """The watch's own flags, taken in order from the step's (expected and guard positions)."""
+        unwritten = any([next(missed) for _ in watch.expected])
+        changed = any([next(moved) for _ in watch.guards])
         return [
-            f"{self.where}: {what}"
+            f"{watch.where}: {what}"
             for what, failed in (
-                ("a row the step should have written was not", missed),
-                ("a row the step should have left alone changed", moved),
+                ("a row the step should have written was not", unwritten),
+                ("a row the step should have left alone changed", changed),
             )
             if failed
         ]
@@ -288,31 +313,37 @@ class Watch:
 
 @dataclass
 class WriteCheck:
-    """The tally of write checks: each step arms a watch per request before its forward and verifies it after."""
+    """The tally of write checks: each step arms its requests' watches together before its forward and
+    verifies them together after; a request freed in between (a failed step) is not counted."""
 
     checked: int = 0
     failed: int = 0
     last_failure: str | None = None
     armed: dict[str, Watch] = field(default_factory=dict)
+    step: StepWatch | None = None
 
-    def arm(self, key: str, watch: Watch | None) -> None:
-        self.armed.pop(key, None)
-        if watch is not None:
-            watch.arm()
-            self.armed[key] = watch
+    def arm(self, rows: torch.Tensor, page_offsets: torch.Tensor, watches: list[Watch | None]) -> None:
+        """Arm a step's watches (None: nothing to check for that request), replacing any left armed."""
+        watches = [w for w in watches if w is not None]
+        self.armed = {w.key: w for w in watches}
+        self.step = StepWatch(rows, page_offsets, watches) if watches else None
 
-    def verify(self, key: str) -> bool | None:
-        """True when the watch over `key`'s last forward held, False (logged) when not, None when none was armed."""
-        watch = self.armed.pop(key, None)
-        if watch is None:
-            return None
-        problems = watch.problems()
-        self.checked += 1
-        if problems:
-            self.failed += 1
-            self.last_failure = problems[0]
-            log.error("KV write check failed: %s", "; ".join(problems))
-        return not problems
+    def verify(self) -> dict[str, bool]:
+        """Per request checked: True when its watch held, False (logged, naming it) when not."""
+        step, armed, self.step, self.armed = self.step, self.armed, None, {}
+        if step is None or not armed:
+            return {}
+        results = {}
+        for key, problems in step.problems().items():
+            if key not in armed:
+                continue  # freed after arming: its rows may belong to another request now
+            self.checked += 1
+            results[key] = not problems
+            if problems:
+                self.failed += 1
+                self.last_failure = problems[0]
+                log.error("KV write check failed: %s", "; ".join(problems))
+        return results
 
     def disarm(self, key: str) -> None:
         self.armed.pop(key, None)

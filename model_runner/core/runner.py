@@ -43,10 +43,9 @@ def run_step(batch: StepPlan, forward: Forward, loaded: LoadedModel, pool: Paged
 def _run(batch: StepPlan, forward: Forward, loaded: LoadedModel, pool: PagedKVPool) -> dict[int, torch.Tensor]:
     rows: dict[int, torch.Tensor] = {}
     if batch.work:
-        completing = [pool.completing(w.seq, len(w.tokens)) for w in batch.work]
+        completing = pool.completing_step([(w.seq, len(w.tokens)) for w in batch.work])
         logits = forward(batch.work)  # [wanting rows, vocab]
-        for work, complete in zip(batch.work, completing):
-            pool.completed(work.seq, complete)
+        pool.completed_step([w.seq for w in batch.work], completing)
         wanting = [w for w in batch.work if w.wants_logits]
         rows.update({id(w): logits[i] for i, w in enumerate(wanting)})
     for work in batch.recompute:

@@ -98,13 +98,17 @@ class Int4Linear(nn.Module):
         # The model's own float tensor, not a copy: prefill then computes exactly what float32 computes.
         self.register_buffer("float_weight", weight.detach() if keep_float else None)
         self.in_features, self.out_features = in_features, out_features
+        self.siblings: Int4Siblings | None = None  # set when it shares one int4 call with its siblings
+        self.sibling_index = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _rows(x, self.in_features)
         if self.float_weight is not None and _prompt_rows(flat):
             return nn.functional.linear(x, self.float_weight.to(x.dtype), self.bias)
-        packed = torch.ops.aten._weight_int4pack_mm_for_cpu
-        y = packed(flat.to(MM_DTYPE).contiguous(), self.weight, GROUP, self.scales_zeros).to(x.dtype)
+        if self.siblings is not None:
+            y = self.siblings.output(x, self.sibling_index)
+        else:
+            y = _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -112,6 +116,83 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         prefill = f", float weights from {FLOAT_ROWS} rows" if self.float_weight is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}{prefill}"
+
+
+def _int4_mm(flat: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, in] → [rows, out] in `dtype`, through torch's int4 CPU kernel (bfloat16 in, contiguous scales)."""
+    packed = torch.ops.aten._weight_int4pack_mm_for_cpu
+    return packed(flat.to(MM_DTYPE).contiguous(), weight, GROUP, scales_zeros).to(dtype)
+
+
+class Int4Siblings:
+    """Int4Linear layers that read the same input (q, k and v; gate and up) run as one int4 call: their packed
+    weights and scales become one tensor each and each layer's buffers views of its own rows (nothing held
+    twice); the first sibling called with an input computes all their outputs, the others take theirs. Bit
+    for bit the separate calls (each output is its own sum); fewer, wider calls cost less a decode step
+    (one call for q, k, v took 0.68x the three calls' time at one row under AVX2, docs/performance.md)."""
+
+    def __init__(self, layers: list[Int4Linear]):
+        self.weight = torch.cat([layer.weight for layer in layers])  # packed rows: one per output
+        self.scales_zeros = torch.cat([layer.scales_zeros for layer in layers], dim=1)  # [in/32, out, 2]
+        self.widths = [layer.out_features for layer in layers]
+        start = 0
+        for index, layer in enumerate(layers):
+            end = start + layer.out_features
+            layer.weight = self.weight[start:end]
+            # A strided view, so the bytes are counted once: the kernel reads only the whole, contiguous tensor.
+            layer.scales_zeros = self.scales_zeros[:, start:end]
+            layer.siblings, layer.sibling_index = self, index
+            start = end
+        self._input: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] = ()
+        self._untaken = 0
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Sibling `index`'s output for x as [rows, its out_features], computed with its siblings' on the first
+        call for this input tensor. The siblings are called back to back on the same tensor by the model's
+        attention and MLP modules; a new tensor (the next layer, the next step) is a new call."""
+        if x is not self._input:
+            self._input, self._outputs = None, ()  # never a stale output, even if the call below fails
+            fused = _int4_mm(_rows(x, x.shape[-1]), self.weight, self.scales_zeros, x.dtype)
+            self._input, self._outputs, self._untaken = x, fused.split(self.widths, dim=-1), len(self.widths)
+        out = self._outputs[index]
+        self._untaken -= 1
+        if self._untaken == 0:  # every sibling has its output: hold no tensor until the next input
+            self._input, self._outputs = None, ()
+        return out
+
+
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # transformers' names for them
+PACK_BLOCK = 64  # output rows a packed block holds at most (64 on AVX-512, 32 on AVX2)
+
+
+def _joinable(layers: list) -> bool:
+    """All Int4Linear, ungrouped, on one input width, all with or all without a bias, and their packed weights
+    joined give each layer's sums exactly. The kernel packs output rows in blocks (64 under AVX-512, 32
+    under AVX2: measured), so joining is exact only at whole blocks; the probe makes sure on this CPU."""
+    if not all(isinstance(layer, Int4Linear) and layer.siblings is None for layer in layers):
+        return False
+    if len({layer.in_features for layer in layers}) > 1 or len({layer.bias is None for layer in layers}) > 1:
+        return False
+    if any(layer.out_features % PACK_BLOCK for layer in layers):
+        return False
+    probe = torch.linspace(-1, 1, layers[0].in_features)[None]
+    alone = torch.cat([_int4_mm(probe, layer.weight, layer.scales_zeros, torch.float32) for layer in layers], -1)
+    weight = torch.cat([layer.weight for layer in layers])
+    joined = _int4_mm(probe, weight, torch.cat([layer.scales_zeros for layer in layers], dim=1), torch.float32)
+    return torch.equal(alone, joined)
+
+
+def group_siblings(model: nn.Module) -> int:
+    """Join each module's SIBLINGS into one Int4Siblings where they are _joinable; returns how many groups."""
+    groups = 0
+    for module in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(module, name, None) for name in names]
+            if _joinable(layers):
+                Int4Siblings(layers)
+                groups += 1
+    return groups
 
 
 class RescoredHead(nn.Module):
@@ -177,12 +258,16 @@ def _replace_linears(model: nn.Module, make) -> int:
     return count
 
 
-def quantize_int4(model: nn.Module, keep_float: bool = False) -> int:
+def quantize_int4(model: nn.Module, keep_float: bool = False, siblings: bool = True) -> int:
     """The int4 route, in place: every linear layer of the kernel's shapes becomes an Int4Linear (with its
-    float weights kept for prefill when `keep_float`), the head a RescoredHead; returns how many went int4."""
-    return _replace_linears(
+    float weights kept for prefill when `keep_float`), the head a RescoredHead, and with `siblings` the
+    projections that read one input share one int4 call (group_siblings); returns how many went int4."""
+    count = _replace_linears(
         model, lambda child: Int4Linear(child.weight, child.bias, keep_float) if int4_fits(child) else None
     )
+    if siblings:
+        group_siblings(model)
+    return count
 
 
 def quantize_int8(model: nn.Module) -> int:

@@ -205,6 +205,15 @@ const PHASE_BY_EVENT = {
   [EVENT.FINISHED]: 'end', [EVENT.CANCELLED]: 'end', [EVENT.ERROR]: 'end',
 };
 
+// The phase of the last event that moves a run on; `attention`, `preempted` and `resumed` do not.
+function phaseOf(events) {
+  for (let i = events.length - 1; i >= 0; i -= 1) {
+    const phase = PHASE_BY_EVENT[events[i].type];
+    if (phase) return phase;
+  }
+  return 'submitted';
+}
+
 // The timeline strip on one axis of real milliseconds: queue, prefill, then one segment per decode step.
 function timelineOf(q, p, tokens) {
   const segments = [];
@@ -266,6 +275,6 @@ export function deriveRun(trace) {
     maxNewTokens: accepted ? accepted.max_new_tokens : (trace.request && trace.request.max_new_tokens) || 0,
     end: endOf(events),
     timeline: timelineOf(queue, prefill, tokens),
-    phase: last ? PHASE_BY_EVENT[last.type] : 'submitted',
+    phase: phaseOf(events),
   };
 }

@@ -9,31 +9,17 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from calculator_page import CALC, field, open_calc, out
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text())
 PRESETS = {p["id"]: p for p in GOLDEN["presets"]}
-CALC = "#calculator"
 
 
 def bytes_text(n: int, display: str) -> str:
     """What a read-out shows: exact bytes, then the binary size ('=' when exact, '≈' when rounded)."""
     return f"{n:,} B " + (display if display.startswith("≈") else f"= {display}")
-
-
-def open_calc(page, server, query: str = "", hash_: str = ""):
-    page.goto(f"{server.url}/{query}{hash_}")
-    # Generous: the page's other figures load too, on a CPU shared with the model.
-    expect(page.locator(f'{CALC}[data-ready="true"]')).to_be_attached(timeout=30_000)
-
-
-def out(page, name: str):
-    return page.locator(f'{CALC} [data-out="{name}"]')
-
-
-def field(page, name: str):
-    return page.locator(f'{CALC} [data-field="{name}"]')
 
 
 def slider(page, name: str):

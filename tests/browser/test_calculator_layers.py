@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from calculator_page import CALC, field, open_calc, out
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 
@@ -19,20 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "static/data/kv_golden.json").read_text())
 CATALOGUE = {m["id"]: m for m in json.loads((ROOT / "static/data/model-configs.json").read_text())["models"]}
 CONFIG_CASES = {c["id"]: c for c in GOLDEN["config_cases"]}
-CALC = "#calculator"
-
-
-def open_calc(page, server, query: str = ""):
-    page.goto(f"{server.url}/{query}")
-    expect(page.locator(f'{CALC}[data-ready="true"]')).to_be_attached(timeout=30_000)
-
-
-def out(page, name: str):
-    return page.locator(f'{CALC} [data-out="{name}"]')
-
-
-def field(page, name: str):
-    return page.locator(f'{CALC} [data-field="{name}"]')
 
 
 def open_config_box(page) -> None:
@@ -96,6 +83,7 @@ def test_a_config_typed_key_by_key_reads_like_a_pasted_one(page, fake_server):
     expect(keys).to_contain_text("kv_lora_rank → MLA latent rank: 256")
     expect(keys).to_contain_text("num_kv_shared_layers")  # the default it took, named
     expect(keys.locator("em").first).to_contain_text("not in the file")
+    expect(keys).not_to_contain_text("not in the file: not in the file")
 
 
 @pytest.mark.parametrize(
@@ -112,6 +100,17 @@ def test_the_bundled_configs_give_the_published_per_token_figures(page, fake_ser
     card = out(page, "preset-card")
     expect(card.locator(".tag-cited")).to_have_text("cited")
     expect(card.locator("a")).to_have_attribute("href", CATALOGUE[model_id]["url"])
+
+
+def test_a_bundled_key_no_copy_of_its_file_confirmed_is_marked_unchecked(page, fake_server):
+    open_calc(page, fake_server)
+    page.select_option("#kvc-preset", "cfg:jamba-v0.1")
+    keys = out(page, "config-keys")
+    for key in CATALOGUE["jamba-v0.1"]["unchecked"]:
+        if key in ("num_hidden_layers", "num_key_value_heads"):  # keys every reading uses
+            expect(keys.locator("li", has_text=f"{key} →")).to_contain_text("(unchecked)")
+    page.select_option("#kvc-preset", "cfg:deepseek-v3")  # re-read against a whole copy: nothing unchecked
+    expect(keys).not_to_contain_text("(unchecked)")
 
 
 def test_bad_configs_name_the_field_and_keep_the_last_valid_numbers(page, fake_server):

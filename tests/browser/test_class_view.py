@@ -1,5 +1,5 @@
-"""The class view (/class) and the students' side of class mode, in Chromium against the fake model:
-the pure feed reducer on fixed event lists; 12 simulated students whose lanes, batch grid and block
+"""The class view (/class) and the students' side of class mode, in Chromium against the fake model
+(its pure reducer: test_class_reducer.py): 12 simulated students whose lanes, batch grid and block
 map show up and whose counters agree with the server's; teacher controls refused without the key and
 working with it; a static-batching flip seen in the next steps; follow-the-teacher; no prompt text on
 the projector unless "show prompts" is on (and then a notice on the students' page); screenshots."""
@@ -7,6 +7,7 @@ the projector unless "show prompts" is on (and then a notice on the students' pa
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -116,175 +117,6 @@ def finish(clients, rids):
     for c in clients:
         c.close()
     return ends
-
-
-# ---- the pure reducer (no server: the static files over HTTP) ----------------------------------
-
-
-@pytest.fixture
-def reduce(page, static_url):
-    """reduce(events, body) → runs `body` with `fs` (feed-state.js) and `s` (the state after events)."""
-    page.goto(static_url + "/static/js/class/feed-state.js")
-
-    def run(events, body):
-        return page.evaluate(
-            f"""async (events) => {{
-              const fs = await import('/static/js/class/feed-state.js');
-              const s = fs.reduceAll(events);
-              {body}
-            }}""",
-            events,
-        )
-
-    return run
-
-
-KV = {"total": 8, "used": 0, "cached": 0, "free": 8, "block_size": 16, "bytes_per_block": 4096}
-
-
-def step(n, batch, waiting=0, preempted=(), used=None):
-    held = used if used is not None else len({b for entry in batch for b in entry["blocks"]})
-    kv = {**KV, "used": held, "free": KV["total"] - held}
-    return {
-        "type": "engine_step",
-        "step": n,
-        "ms": 10.0 + n,
-        "batch_tokens": sum(b["tokens"] for b in batch),
-        "batch": batch,
-        "preempted": list(preempted),
-        "kv": kv,
-        "waiting": waiting,
-        "running": len(batch),
-    }
-
-
-def item(rid, kind, blocks, tokens=1, shared=()):
-    return {
-        "request": rid,
-        "label": f"laptop {rid[1:]}",
-        "kind": kind,
-        "tokens": tokens,
-        "blocks": blocks,
-        "shared_blocks": list(shared),
-    }
-
-
-LIFE = [
-    {"type": "engine_snapshot", "waiting": 0, "running": 0, "policy": {"batching": "continuous"}, "kv": KV},
-    {"type": "engine_submit", "request": "r1", "label": "laptop 1", "prompt_tokens": 20},
-    {"type": "engine_submit", "request": "r2", "label": "laptop 2", "prompt_tokens": 30},
-    {"type": "engine_admit", "request": "r1", "label": "laptop 1", "prompt_tokens": 20},
-    step(1, [item("r1", "prefill", [3, 4], tokens=20)], waiting=1),
-    step(2, [item("r1", "decode", [3, 4])], waiting=1),
-    {"type": "engine_end", "request": "r1", "label": "laptop 1", "outcome": "finished", "reason": "eos", "tokens": 2},
-    # the step that produced r1's last token is published after its end, with its blocks gone
-    step(3, [item("r1", "decode", [])], waiting=1, used=0),
-]
-
-
-def test_reducer_follows_a_request_from_submit_to_end(reduce):
-    got = reduce(
-        LIFE,
-        """return {
-          lanes: fs.lanes(s).map((r) => [r.key, r.status, r.tokens]),
-          grid: s.steps.map((st) => st.cells),
-          blocks: [...s.blocks.keys()], kv: s.kv.used, ended: s.ended, last: s.lastStep,
-          rows: fs.gridRows(s).map((r) => r.key) };""",
-    )
-    # in flight first, then the ended ones; r1's end is not undone by the step published after it
-    assert got["lanes"] == [["r2", "waiting", 0], ["r1", "finished", 2]]
-    assert got["grid"] == [
-        {"r1": "prefill", "r2": "waiting"},
-        {"r1": "decode", "r2": "waiting"},
-        {"r1": "decode", "r2": "waiting"},
-    ]
-    assert got["blocks"] == [] and got["kv"] == 0
-    assert got["ended"] == {"finished": 1, "cancelled": 0, "error": 0}
-    assert got["last"]["batchSize"] == 1 and got["last"]["step"] == 3
-    assert got["rows"] == ["r1", "r2"]
-    # waiting/running: the newer of the last step's and the last class_stats' counts
-    stats = {"type": "class_stats", "waiting": 0, "running": 0, "finished": 1}
-    queue = "return [s.waiting, s.running];"
-    assert reduce(LIFE, queue) == [1, 1]
-    assert reduce([*LIFE, stats], queue) == [0, 0]
-    assert reduce([*LIFE, stats, step(4, [item("r2", "prefill", [5], 30)])], queue) == [0, 1]
-    # endings: the page's own count until class_stats comes, then the server's plus the feed's since
-    end_r2 = {"type": "engine_end", "request": "r2", "outcome": "cancelled", "reason": "cancelled"}
-    ends = "return fs.endings(s);"
-    assert reduce(LIFE, ends) == {"finished": 1, "cancelled": 0, "error": 0}
-    assert reduce([*LIFE, {**stats, "finished": 5, "cancelled": 2}, end_r2], ends) == {
-        "finished": 5,
-        "cancelled": 3,
-        "error": 0,
-    }
-
-
-def test_reducer_blocks_preemption_sharing_and_drops(reduce):
-    shared_step = step(
-        1, [item("r1", "prefill", [0, 1], 20, shared=[0]), item("r2", "prefill", [0, 5], 20, shared=[0])]
-    )
-    admits = [
-        {"type": "engine_admit", "request": r, "label": f"laptop {r[1:]}", "prompt_tokens": 20} for r in ("r1", "r2")
-    ]
-    owners = "return Object.fromEntries([...s.blocks].map(([id, b]) => [id, [b.owner, b.shared]]));"
-    # a prefix block both hold: drawn in its first holder's colour and marked shared
-    assert reduce([*admits, shared_step], owners) == {"0": ["r1", True], "1": ["r1", False], "5": ["r2", False]}
-    # 3 blocks reserved; filled: 20 + 20 prompt positions, the shared block's 16 counted once
-    assert reduce([*admits, shared_step], "return fs.kvBytes(s);") == {
-        "used": 3 * 4096,
-        "cached": 0,
-        "pool": 8 * 4096,
-        "perBlock": 4096,
-        "filled": 24 * 4096 / 16,
-    }
-    events = [
-        *admits,
-        shared_step,
-        {"type": "engine_preempt", "request": "r2", "label": "laptop 2", "blocks_freed": 2, "dropped": 3},
-        step(2, [item("r1", "decode", [0, 1])], waiting=1),
-        {"type": "class_state", "laptops": 12, "settings": {"show_prompts": False, "paused": True}},
-        {"type": "class_stats", "finished": 4, "feed_dropped": 3},
-    ]
-    got = reduce(
-        events,
-        owners.replace("return ", "return { blocks: ").rstrip(";")
-        + """, r2: s.requests.get('r2').status, cell: s.steps[1].cells.r2, dropped: s.dropped,
-          laptops: s.laptops, paused: s.settings.paused, stats: s.stats.finished, bytes: fs.kvBytes(s) };""",
-    )
-    # r2 preempted: its own block 5 went back, block 0 is r1's alone again
-    assert got["blocks"] == {"0": ["r1", False], "1": ["r1", False]}
-    assert got["r2"] == "preempted" and got["cell"] == "preempted"
-    assert got["dropped"] == 3 and got["laptops"] == 12 and got["paused"] is True and got["stats"] == 4
-    # r1: 20 prompt positions and 1 decoded token in its 2 blocks
-    assert got["bytes"] == {"used": 2 * 4096, "cached": 0, "pool": 8 * 4096, "perBlock": 4096, "filled": 21 * 256}
-    # cancelled between steps (no step follows to recount the pool): its blocks count as free at once
-    cancel = {"type": "engine_end", "request": "r1", "outcome": "cancelled", "reason": "cancelled", "blocks_freed": 2}
-    assert reduce([*events, cancel], "return [s.kv.used, s.kv.free, s.blocks.size];") == [0, KV["total"], 0]
-
-
-def test_reducer_clears_lanes_left_waiting_by_lost_events(reduce):
-    submit = {"type": "engine_submit", "request": "r1", "label": "laptop 1", "prompt_tokens": 20}
-    idle = {"type": "class_stats", "waiting": 0, "running": 0}
-    live = "return fs.lanes(s).map((r) => r.key);"
-    assert reduce([submit, idle], live) == ["r1"]  # nothing was lost: the engine's count is older
-    # events were lost (r1's end among them, maybe) and the engine is idle: the lane goes
-    lost = {"type": "engine_policy", "policy": {"batching": "continuous"}, "dropped": 4}
-    assert reduce([submit, lost, idle], live) == []
-
-
-def test_reducer_keeps_a_bounded_history(reduce):
-    events = [step(n, [item(f"r{n}", "prefill", [n % 8])]) for n in range(1, 201)]
-    events += [
-        {"type": "engine_end", "request": f"r{n}", "label": "x", "outcome": "cancelled", "reason": "cancelled"}
-        for n in range(1, 201)
-    ]
-    got = reduce(
-        events, "return [s.steps.length, s.requests.size, fs.HISTORY_STEPS, fs.RECENT_ENDED, s.ended.cancelled];"
-    )
-    steps, kept, history, recent, cancelled = got
-    assert steps == history
-    # only what the grid (the last `history` steps) or the lanes' recent endings still show is kept
-    assert kept == max(history, recent) and cancelled == 200
 
 
 # ---- the class view against a server -----------------------------------------------------------
@@ -404,6 +236,30 @@ def test_teacher_pauses_resumes_and_cancels_everything(page, class_server, conso
     expect(page.locator('[data-control-status][data-ok="false"]')).to_contain_text("per_laptop_cap")
     page.locator('[data-class-figure="controls"]').scroll_into_view_if_needed()
     screenshot(page, "class-teacher-controls-1280x720")
+    assert console_errors == []
+
+
+def test_a_class_view_opened_after_the_steps_ran_shows_them(page, class_server, console_errors):
+    clients, rids = students(class_server, 3, max_new_tokens=6)
+    finish(clients, rids)
+    wait_until(lambda: get_json(class_server, "/api/engine")["running"] == 0, "the engine idle")
+    last = get_json(class_server, "/api/engine")["steps"]
+    open_class(page, class_server)  # nobody followed the feed while they ran
+    grid = page.locator('[data-class-figure="batch-grid"]')
+    expect(grid).to_have_attribute("data-step", str(last), timeout=10_000)
+    expect(grid.locator("[data-grid-hint]")).to_contain_text(f"idle since step {last}")
+    state = page.evaluate(
+        """async () => { const m = await import('/static/js/class/feed.js'); const s = m.classState();
+             const fs = await import('/static/js/class/feed-state.js');
+             return { steps: s.steps.length, rows: fs.gridRows(s).length, lanes: fs.lanes(s).length }; }"""
+    )
+    assert state["rows"] == 3 and 6 <= state["steps"] <= 48 and state["lanes"] == 0  # ended unseen: no lane
+    expect(grid.locator("canvas")).to_have_attribute(
+        "aria-label", re.compile(r"the last \d+ engine steps for 3 requests")
+    )
+    screenshot(page, "class-view-opened-late-1280x720")
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    screenshot(page, "class-view-opened-late-1920x1080")
     assert console_errors == []
 
 

@@ -238,7 +238,17 @@ def test_every_number_of_the_shipped_serving_recording_is_labelled(page, fake_se
     fixture): the new readouts (pass cost, verdicts, routes) carry their provenance too."""
     open_page(page, fake_server, "#serving")
     structure = STRUCTURAL + [".sv-stage-list", ".sv-stage-num"]
-    for stage in ["why-batch", "batching", "paged", "chunked", "prefix", "speculative", "disagg", "worked"]:
+    for stage in [
+        "why-batch",
+        "batching",
+        "paged",
+        "chunked",
+        "prefix",
+        "attention-cost",
+        "speculative",
+        "disagg",
+        "worked",
+    ]:
         page.locator(f'.sv-stage-list button[data-stage="{stage}"]').click()
         expect(page.locator(".sv-figure")).to_have_attribute("data-stage", stage)
         bad = page.evaluate(WALK, ["#serving", structure, KINDS])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
+from walkthrough_page import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
@@ -76,19 +77,7 @@ def open_page(page, server, viewport):
 @pytest.mark.parametrize("viewport", [NARROW, WIDE], ids=["375", "1440"])
 def test_every_number_in_the_walkthrough_is_labelled(page, fake_server, console_errors, viewport):
     open_page(page, fake_server, viewport)
-    for stage in [
-        "input",
-        "template",
-        "tokens",
-        "queue",
-        "prefill",
-        "first-token",
-        "decode",
-        "cache",
-        "delivery",
-        "end",
-        "map",
-    ]:
+    for stage in STAGES:
         page.locator(f'.wt-stage-list button[data-stage="{stage}"]').click()
         expect(page.locator(".wt-figure")).to_have_attribute("data-stage", stage)
         bad = unlabelled(page, "#walkthrough")

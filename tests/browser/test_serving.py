@@ -22,13 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TEXT = (ROOT / "tests/data/serving-fixture.json").read_text(encoding="utf-8")
 FIXTURE = json.loads(FIXTURE_TEXT)
 EXP = {name: response["result"] for name, response in FIXTURE["experiments"].items()}
-STAGES = ["why-batch", "batching", "paged", "chunked", "prefix", "speculative", "disagg", "worked"]
+STAGES = ["why-batch", "batching", "paged", "chunked", "prefix", "attention-cost", "speculative", "disagg", "worked"]
 EXPERIMENT = {
     "why-batch": "why_batch",
     "batching": "batching",
     "paged": "paged_blocks",
     "chunked": "chunked_prefill",
     "prefix": "prefix_caching",
+    "attention-cost": "attention_cost",
     "speculative": "speculative",
     "worked": "pricing",
 }
@@ -194,6 +195,66 @@ def check_prefix(page, r: dict) -> None:
         ]
 
 
+def fmt_int(x: float) -> str:
+    """static/js/shared/format.js formatInt: Math.round (half up), en-US grouping."""
+    return f"{int(Decimal(x).quantize(Decimal(1), rounding=ROUND_HALF_UP)):,}"
+
+
+def line_through(a: tuple[float, float], b: tuple[float, float]):
+    """The linear map a drawn axis is, from two (value, pixel) pairs."""
+    return lambda v: a[1] + (v - a[0]) * (b[1] - a[1]) / (b[0] - a[0])
+
+
+def check_attention_cost(page, r: dict) -> None:
+    p = panel(page, "attention-cost")
+    drawn = p.locator(".sv-apoint").evaluate_all(
+        "(gs) => gs.map((g) => { const c = g.querySelector('.sv-best').getBoundingClientRect();"
+        " return [+g.dataset.positions, +g.dataset.ms, c.x + c.width / 2, c.y + c.height / 2]; })"
+    )
+    timed = [pt for pt in r["points"] if pt["step_ms"] is not None]
+    assert [(d[0], d[1]) for d in drawn] == [(pt["cached_positions"], pt["step_ms"]) for pt in timed]
+    assert [d[2] for d in drawn] == sorted(d[2] for d in drawn), "more cached positions sit further right"
+    x = line_through((drawn[0][0], drawn[0][2]), (drawn[-1][0], drawn[-1][2]))
+    low, high = min(drawn, key=lambda d: d[1]), max(drawn, key=lambda d: d[1])
+    assert high[1] > low[1], "the points' step times differ, so the y axis can be read back"
+    y = line_through((low[1], low[3]), (high[1], high[3]))
+    for d in drawn[1:-1]:  # every point on the same two linear axes
+        assert abs(x(d[0]) - d[2]) < 1 and abs(y(d[1]) - d[3]) < 1, d
+    floor = p.locator("line.sv-floor").evaluate(
+        "(l) => { const b = l.getBoundingClientRect(); return [b.y, b.height]; }"
+    )
+    assert floor[1] < 1 and abs(floor[0] - y(r["floor"]["floor_ms"])) < 1.5, "the floor is drawn at its ms"
+    fit = p.locator("line.sv-fit").evaluate(
+        "(l) => { const m = l.getScreenCTM(); const at = (a, b) => new DOMPoint(+l.getAttribute(a), +l.getAttribute(b)).matrixTransform(m);"
+        " const s = at('x1', 'y1'), e = at('x2', 'y2'); return [s.x, s.y, e.x, e.y]; }"
+    )
+    assert abs(fit[0] - x(0)) < 1 and abs(fit[1] - y(r["fit"]["intercept_ms"])) < 1, "the fit starts at its intercept"
+    slope_ms = r["fit"]["slope_us_per_1k_positions"] / 1e6
+    end = (fit[3] - fit[1]) / (fit[2] - fit[0])
+    assert abs(end - (y(1) - y(0)) * slope_ms / (x(1) - x(0))) < 1e-3 * abs(end) + 1e-6, "the fit has its slope"
+    labels = p.locator("svg text.sv-rlabel").evaluate_all(
+        "(ts) => ts.map((t) => [t.textContent, t.dataset.provenance])"
+    )
+    assert [f"weights-only floor {fmt_ms(r['floor']['floor_ms'])}, computed", "computed"] in labels
+    assert [f"fitted line, measured: {fmt_ms(r['fit']['intercept_ms'])} at no cache", "measured"] in labels
+    readout = {k: p.locator(f'[data-key="{k}"]') for k in ("slope", "intercept", "floor", "kv-slope")}
+    assert readout["floor"].text_content() == fmt_ms(r["floor"]["floor_ms"])
+    assert readout["floor"].get_attribute("data-provenance") == "computed"
+    assert readout["intercept"].text_content() == fmt_ms(r["fit"]["intercept_ms"])
+    assert readout["slope"].text_content() == f"{fmt_int(r['fit']['slope_us_per_1k_positions'])} µs per 1,000 positions"
+    assert (
+        readout["kv-slope"].text_content() == f"{fmt_int(r['floor']['kv_us_per_1k_positions'])} µs per 1,000 positions"
+    )
+    rows = p.locator(".sv-attn-table tbody tr").evaluate_all(
+        "(rs) => rs.map((r) => [...r.cells].slice(1, 4).map((c) => c.textContent))"
+    )
+    assert rows == [
+        [fmt_int(q["cached_positions"]), fmt_ms(q["step_ms"]), fmt_ms(q["step_ms_median"])] for q in r["points"]
+    ]
+    if r.get("stopped"):
+        expect(p.locator(".sv-attn-stopped")).to_contain_text(r["stopped"])
+
+
 def check_speculative(page, r: dict) -> None:
     p = panel(page, "speculative")
     for case in r["cases"]:
@@ -233,6 +294,7 @@ CHECKS = {
     "paged": check_paged,
     "chunked": check_chunked,
     "prefix": check_prefix,
+    "attention-cost": check_attention_cost,
     "speculative": check_speculative,
     "worked": check_worked,
 }
@@ -285,6 +347,10 @@ def test_the_page_draws_the_shipped_trace_or_offers_live_runs_only(page, fake_se
             continue
         if shipped:
             CHECKS[stage](page, shipped["experiments"][EXPERIMENT[stage]]["result"])
+            # an experiment merged in later (record_serving_trace.py --only) is dated by its own run
+            on = shipped["recorded_on"]
+            merged = [m for m in on.get("merged", []) if EXPERIMENT[stage] in m["experiments"]]
+            expect(page.locator(".sv-source")).to_contain_text(merged[-1]["date"] if merged else on["date"])
             assert page.evaluate(WALK, ["#serving", CHAPTER_STRUCTURE, KINDS]) == [], stage
         else:
             expect(panel(page, stage).locator(".sv-empty:visible")).to_contain_text("Run it for real")
@@ -397,8 +463,8 @@ def test_controls_keyboard_and_deep_links(page, fake_server, console_errors, vie
     check_prefix(page, EXP["prefix_caching"])
 
     page.locator(".sv-next").click()
-    expect(figure).to_have_attribute("data-stage", "speculative")
-    assert page.evaluate("location.hash") == "#serving-speculative"
+    expect(figure).to_have_attribute("data-stage", "attention-cost")
+    assert page.evaluate("location.hash") == "#serving-attention-cost"
     page.locator(".sv-prev").click()
     page.locator(".sv-prev").click()
     expect(figure).to_have_attribute("data-stage", "chunked")
@@ -416,9 +482,17 @@ def test_controls_keyboard_and_deep_links(page, fake_server, console_errors, vie
         ("ArrowLeft", "paged"),
         ("ArrowUp", "batching"),
         ("PageUp", "why-batch"),
+        ("End", "worked"),
+        ("ArrowUp", "disagg"),
+        ("PageUp", "speculative"),
+        ("ArrowLeft", "attention-cost"),  # the keys reach the new stage between prefix caching and speculation
+        ("ArrowLeft", "prefix"),
+        ("ArrowRight", "attention-cost"),
     ]:
         page.keyboard.press(key)
         expect(figure).to_have_attribute("data-stage", stage)
+    check_attention_cost(page, EXP["attention_cost"])
+    page.keyboard.press("Home")
     expect(page.locator(".sv-prev")).to_be_disabled()
     # The page's own links go both ways between this stage and the calculator.
     page.locator("#serving-paged a.sv-to-calculator").click()
@@ -492,7 +566,7 @@ def ignored_console_errors():
     return ("/favicon.ico", "status of 409", "status of 400")
 
 
-LIVE = ["why-batch", "batching", "paged", "chunked", "prefix", "speculative", "worked"]
+LIVE = ["why-batch", "batching", "paged", "chunked", "prefix", "attention-cost", "speculative", "worked"]
 
 
 def test_run_it_for_real_draws_the_servers_answer_for_every_experiment(page, fake_server, console_errors):
@@ -587,4 +661,36 @@ def test_the_math_module_on_its_own(page, fake_server, console_errors):
         {"text": "b", "kind": "accepted"},
         {"text": "c", "kind": "rejected"},
     ]
+    assert console_errors == []
+
+
+def test_the_attention_math_module_on_its_own(page, fake_server, console_errors):
+    """static/js/serving/attention-math.js, imported alone: the axes and the chart's model of a result."""
+    serve_trace(page)
+    page.goto(fake_server.url + "/")
+    result = EXP["attention_cost"]
+    got = page.evaluate(
+        """async (result) => {
+      const m = await import('/static/js/serving/attention-math.js');
+      const s = m.linearScale([0, 10], [100, 200]);
+      return { ticks: [m.ticks(8190), m.ticks(37.7), m.ticks(1), m.ticks(0)], scale: [s(0), s(5), s(10)],
+               at: m.fitAt({ intercept_ms: 20, slope_us_per_1k_positions: 5000 }, 2000), model: m.chartModel(result) };
+    }""",
+        result,
+    )
+    assert got["ticks"] == [[0, 2500, 5000, 7500, 10000], [0, 10, 20, 30, 40], [0, 0.25, 0.5, 0.75, 1], [0, 1]]
+    assert got["scale"] == [100, 150, 200]
+    assert got["at"] == pytest.approx(30)  # 20 ms + 5 µs a position x 2,000 positions
+    model = got["model"]
+    assert [q["positions"] for q in model["points"]] == [q["cached_positions"] for q in result["points"]]
+    assert (
+        model["xMax"] >= max(q["cached_positions"] for q in result["points"]) and model["xTicks"][-1] == model["xMax"]
+    )
+    assert model["floor"] == result["floor"]["floor_ms"]
+    fit = result["fit"]
+    assert model["fit"]["y0"] == pytest.approx(fit["intercept_ms"])
+    assert model["fit"]["y1"] == pytest.approx(
+        fit["intercept_ms"] + fit["slope_us_per_1k_positions"] / 1e6 * model["xMax"]
+    )
+    assert model["yMax"] >= max(q["step_ms_median"] for q in result["points"])
     assert console_errors == []

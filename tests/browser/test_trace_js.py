@@ -129,19 +129,26 @@ def test_stages_reveal_the_run_in_order(js):
 
 
 def test_a_run_in_progress_shows_the_stage_of_its_latest_event(js):
-    phases = js("""const cuts = {queued: 2, prefill: 3, first: 4, decode: 7};
+    decode = TRACE["events"].index(TOKENS[2]) + 1  # up to the third token (an `attention` event precedes each)
+    # a cut just after the fourth token's `attention` event: that event moves no phase on
+    read = TRACE["events"].index(TOKENS[3])
+    assert TRACE["events"][read - 1]["type"] == "attention"
+    phases = js(
+        """const cuts = {queued: 2, prefill: 3, first: 4, decode: DECODE, reading: READ};
       const out = {};
       for (const [k, n] of Object.entries(cuts)) {
         const run = trace.deriveRun({...T, events: T.events.slice(0, n)});
         const i = stages.stageForPhase(run.phase);
         out[k] = [stages.STAGES[i].name, stages.figureState(stages.stageIndex('decode'), run).generated];
       }
-      return out;""")
+      return out;""".replace("DECODE", str(decode)).replace("READ", str(read))
+    )
     assert phases == {
         "queued": ["queue", 0],
         "prefill": ["prefill", 0],
         "first": ["first-token", 0],
         "decode": ["decode", 3],
+        "reading": ["decode", 3],
     }
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
+from walkthrough_page import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
-STAGES = ["input", "template", "tokens", "queue", "prefill", "first-token", "decode", "cache", "delivery", "end", "map"]
 NARROW, WIDE = {"width": 375, "height": 740}, {"width": 1440, "height": 900}
 FIGURE = ".wt-figure"
 
@@ -112,7 +112,7 @@ def scroll_through(page, stages_wanted, direction=1):
         expected = page.evaluate(
             """(line) => {
           const steps = [...document.querySelectorAll('.wt-step')];
-          let i = 0; steps.forEach((s, k) => { if (s.getBoundingClientRect().top <= line) i = k; });
+          let i = 0; steps.forEach((s, k) => { if (s.getBoundingClientRect().top <= line + 1) i = k; });
           return steps[i].dataset.stage; }""",
             reading_line(page),
         )

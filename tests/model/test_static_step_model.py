@@ -4,29 +4,20 @@ eager step, and their decode steps really ran padded (4 rows, keys to a power of
 
 from __future__ import annotations
 
-import threading
+import sys
+from pathlib import Path
 
 from kvscope_testkit import ask
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts/ is importable from the checkout's root
+from scripts.gpu_check import together  # noqa: E402 (the GPU check's own way of running requests together)
 
 QUESTIONS = ["What does a KV cache store?", "Name three colours.", "Say hello.", "What is a token?"]
 MAX_NEW = [16, 8, 6, 12]  # requests leave at different steps: the bucket shrinks from 4 rows to 2 and 1
 
 
 def run_together(engine, label: str) -> list[list[dict]]:
-    params = [ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, MAX_NEW)]
-    with engine.admissions_held():
-        handles = [engine.submit(p, f"{label}-{i}") for i, p in enumerate(params)]
-    out: list[list[dict]] = [[] for _ in handles]
-
-    def read(i, handle):
-        out[i] = [e.to_dict() for e in handle]
-
-    threads = [threading.Thread(target=read, args=(i, h)) for i, h in enumerate(handles)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    return out
+    return together(engine, [ask(q, max_new_tokens=n) for q, n in zip(QUESTIONS, MAX_NEW)], label, timeout_s=300)
 
 
 def figures(events: list[dict]) -> list[tuple]:

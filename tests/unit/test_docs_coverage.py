@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app import DEFAULTS, create_app
+from serving_experiments.registry import EXPERIMENTS
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 IGNORED_METHODS = {"HEAD", "OPTIONS"}  # Flask adds them to every route
@@ -102,3 +103,11 @@ def test_each_documented_default_is_the_codes(key):
     cell = documented_defaults().get(key)
     assert cell is not None, f"{key} is not documented"
     assert documented_value(cell) == DEFAULTS[key], f"{key}: docs say {cell}, the code has {DEFAULTS[key]!r}"
+
+
+def test_every_experiment_is_in_the_experiments_table_with_its_parameters():
+    rows = {row[0].strip("`"): row[1] for row in table_rows(section("### Experiments API")) if row[0].startswith("`")}
+    assert set(rows) == set(EXPERIMENTS), "docs/protocol.md's experiments table and serving_experiments/registry.py"
+    for name, exp in EXPERIMENTS.items():
+        for field, p in exp.params.items():
+            assert f"`{field}` ({p.default}, {p.lo}–{p.hi})" in rows[name], f"{name}: {field} as the code has it"

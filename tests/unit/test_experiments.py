@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kvscope_testkit import wait_until
+from kvscope_testkit import blocks_mb, wait_until
 
 from app import create_app
 from app.experiments import LOCK_KEY
+from model_runner import cost
 from model_runner.metrics import percentile
 from serving_experiments.contract import check_response
+from serving_experiments.experiments.attention_cost import line_fit
 from serving_experiments.experiments.why_batch import BATCHES
 from serving_experiments.harness import Job
 from serving_experiments.registry import EXPERIMENTS
@@ -25,6 +27,7 @@ SMALL = {
     "paged_blocks": {"requests": 2, "new_tokens": 4},
     "chunked_prefill": {"chunk_size": 16, "long_prompt_tokens": 96, "new_tokens": 8},
     "prefix_caching": {"requests": 2, "new_tokens": 1},
+    "attention_cost": {"max_positions": 256, "new_tokens": 4},
     "speculative": {"new_tokens": 12},
     "pricing": {"prompt_tokens": 64, "new_tokens": 4},
 }
@@ -186,6 +189,8 @@ def test_a_second_experiment_is_busy_while_one_runs(engine_factory):
         ("pricing", {"prompt_tokens": 5}, "prompt_tokens"),
         ("speculative", {"k": True}, "k"),
         ("why_batch", {"tokens": 4}, "tokens"),
+        ("attention_cost", {"max_positions": 8193}, "max_positions"),
+        ("attention_cost", {"new_tokens": 3}, "new_tokens"),
     ],
 )
 def test_bad_params_name_the_field_and_limit(fake_app, name, params, field):
@@ -327,3 +332,80 @@ def test_a_remote_engine_is_refused_by_its_missing_local_controls():
     assert all(not e["available"] and "built-in engine" in e["why_unavailable"] for e in listed)
     response = post(app, "pricing")
     assert response.status_code == 403 and response.json["error"]["code"] == "not_allowed"
+
+
+# ---- attention is not free ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fixed_ceilings(monkeypatch):
+    """The roofline's measured ceilings, fixed (no 256 MiB copy in a unit test): 1e10 B/s of bandwidth."""
+    monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
+    return 1e10
+
+
+def test_attention_cost_times_lone_decode_steps_at_each_length(fake_app, feed_log, fixed_ceilings):
+    app, engine = fake_app
+    result = post(app, "attention_cost", {"max_positions": 512, "new_tokens": 5}).json["result"]
+    points = result["points"]
+    window = engine.facts.context_window  # 512 on the fake, its pool holds 4,096: the window stops it
+    assert [p["target"] for p in points] == [64, 256, 512]
+    assert [p["at_limit"] for p in points] == [False, False, True]
+    assert result["limit"]["held_by"] == "the model's context window" and result["not_reached"] == [512]
+    assert points[-1]["prompt_tokens"] + 5 <= window and "512 positions not reached" in result["stopped"]
+    steps = [e for e in feed_log() if e["type"] == "engine_step"]
+    for p in points:
+        if p["target"] > 64:  # the fake's template and question alone are 80 byte tokens: 64 cannot be met
+            assert p["target"] - 8 < p["prompt_tokens"] <= min(p["target"], window - 5)
+        ours = {s["step"] for s in p["steps"]}
+        decodes = [e["ms"] for e in steps if e["step"] in ours and [r["kind"] for r in e["batch"]] == ["decode"]]
+        assert p["steps_measured"] == len(decodes) == 4  # the first token comes from the prefill
+        assert [s["cached_positions"] for s in p["steps"]] == [p["prompt_tokens"] + k for k in range(4)]
+        assert p["step_ms"] == pytest.approx(min(decodes), abs=1e-3)
+        assert p["step_ms_median"] == pytest.approx(percentile(decodes, 50), abs=1e-3)
+        # its k-th decode step reads the prompt and the k tokens before it: 0, 1, 2, 3 more
+        assert p["cached_positions"] == p["prompt_tokens"] + 1.5
+        assert p["kv_bytes_read"] == engine.facts.kv_bytes_per_token * p["cached_positions"]
+    block = engine.snapshot()["kv"]["block_size"]
+    for shorter, longer in zip(points, points[1:]):  # each prompt's text a prefix of the next: its blocks reused
+        # all but the question and the template's tail after the text (about 40 byte tokens), and the block they end in
+        assert longer["cached_tokens"] >= shorter["prompt_tokens"] - 40 - block
+        assert longer["cached_tokens"] % block == 0
+        assert longer["prefill_tokens"] + longer["cached_tokens"] == longer["prompt_tokens"]
+
+
+def test_attention_cost_stops_where_the_pool_cannot_hold_the_next_length(engine_factory, fixed_ceilings):
+    engine = engine_factory("fake", kv_cache_mb=blocks_mb(20))  # 320 positions, under the fake's 512 window
+    app = create_app({"ENGINE": engine})
+    result = post(app, "attention_cost", {"max_positions": 2048, "new_tokens": 4}).json["result"]
+    assert result["limit"] == {
+        "prompt_tokens": 316,
+        "pool_positions": 320,
+        "context_window": 512,
+        "held_by": "the KV pool",
+    }
+    assert [p["target"] for p in result["points"]] == [64, 256, 512]  # 512 ran at the pool's limit, then it stopped
+    assert result["points"][-1]["prompt_tokens"] <= 316 and result["points"][-1]["at_limit"]
+    assert result["not_reached"] == [512, 1024, 2048]
+    assert result["stopped"].startswith("512, 1,024, 2,048 positions not reached: the KV pool holds 320")
+    assert engine.active == 0 and engine.snapshot()["kv"]["used"] == 0
+
+
+def test_attention_cost_fit_and_floor_come_from_the_points_and_cost_model(fake_app, fixed_ceilings):
+    app, engine = fake_app
+    result = post(app, "attention_cost", SMALL["attention_cost"]).json["result"]
+    points = result["points"]
+    intercept, slope = line_fit([p["cached_positions"] for p in points], [p["step_ms"] for p in points])
+    assert result["fit"]["intercept_ms"] == pytest.approx(intercept, abs=1e-3)
+    assert result["fit"]["slope_us_per_1k_positions"] == pytest.approx(slope * 1e6, abs=1e-2)
+    shape = cost.shape_of(engine.local.loaded)
+    weights = cost.weight_bytes_read(shape, 1, decode=True)
+    assert result["floor"]["weight_bytes"] == weights
+    assert result["floor"]["floor_ms"] == pytest.approx(weights / fixed_ceilings * 1000, abs=1e-3)
+    assert result["floor"]["kv_us_per_1k_positions"] == pytest.approx(shape.kv_bytes_per_token * 1000 / 1e4, abs=1e-3)
+
+
+def test_line_fit():
+    assert line_fit([0, 1, 2], [1, 3, 5]) == pytest.approx((1, 2))
+    assert line_fit([64, 64], [3, 4]) is None  # one length: no slope to fit
+    assert line_fit([5], [1]) is None

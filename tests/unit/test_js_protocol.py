@@ -224,6 +224,7 @@ FEED_SOURCES = (
     "model_runner/core/engine.py",
     "model_runner/core/announce.py",
     "model_runner/core/kv_cache.py",
+    "model_runner/core/feed.py",
     "app/classroom.py",
     "app/room.py",
     "app/session.py",

@@ -32,11 +32,22 @@ def request(key: str, prompt: list[int]) -> Sequence:
 
 def step(pool: PagedKVPool, forward: BatchForward, seq: Sequence, tokens: list[int]) -> None:
     """One forward of `tokens` new positions of `seq`, through the pool's hooks as the engine runs it."""
-    assert pool.reserve(seq, len(tokens))
+    step_together(pool, forward, [(seq, tokens)])
+
+
+def step_together(pool: PagedKVPool, forward: BatchForward, step_work: list, meddle=lambda: None) -> None:
+    """One step's forward over several (request, new tokens) at once, as the engine runs it; `meddle`
+    runs between the forward and the check (a stray write elsewhere in the pool)."""
+    for seq, tokens in step_work:
+        assert pool.reserve(seq, len(tokens))
+    work = [
+        Work(seq, tokens, "prefill" if seq.cached == 0 else "decode", wants_logits=True) for seq, tokens in step_work
+    ]
     with torch.inference_mode():  # as the engine's worker runs it
-        complete = pool.completing(seq, len(tokens))
-        forward([Work(seq, tokens, "prefill" if seq.cached == 0 else "decode", wants_logits=True)])
-        pool.completed(seq, complete)
+        complete = pool.completing_step([(w.seq, len(w.tokens)) for w in work])
+        forward(work)
+        meddle()
+        pool.completed_step([w.seq for w in work], complete)
 
 
 def independent_bytes(pool: PagedKVPool, positions: int) -> int:
@@ -118,9 +129,70 @@ def test_freeing_a_request_drops_its_armed_watch(pool_and_forward):
     pool, forward = pool_and_forward
     seq = request("a", range(40, 60))
     assert pool.reserve(seq, 20)
-    pool.completing(seq, 20)  # armed, then the forward never ran (a failed step)
+    complete = pool.completing_step([(seq, 20)])  # armed, then the forward never ran (a failed step)
     pool.free(seq)
-    assert pool.writes.armed == {} and pool.writes.checked == 0
+    assert pool.writes.armed == {}
+    pool.completed_step([seq], complete)
+    assert pool.writes.checked == 0
+
+
+def prefilled(pool: PagedKVPool, forward: BatchForward, keys: str) -> list[Sequence]:
+    """One request per key, each prompt prefilled in a step of its own."""
+    seqs = [request(key, range(40 + 10 * n, 60 + 10 * n)) for n, key in enumerate(keys)]
+    for seq in seqs:
+        step(pool, forward, seq, seq.prompt_ids)
+    return seqs
+
+
+def failures_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.message.startswith("KV write check failed")]
+
+
+def test_a_step_of_several_requests_is_checked_per_request(pool_and_forward):
+    pool, forward = pool_and_forward
+    seqs = prefilled(pool, forward, "abc")
+    step_together(pool, forward, [(seq, [5, 6]) for seq in seqs])
+    assert pool.writes.to_dict() == {"checked": 6, "failed": 0, "last_failure": None}
+
+
+def test_one_request_whose_write_is_skipped_among_good_ones_is_the_one_reported(pool_and_forward, monkeypatch, caplog):
+    pool, forward = pool_and_forward
+    seqs = prefilled(pool, forward, "abc")
+    alloc = pool.cache.cache_allocators["full_attention"]
+    right = alloc.get_write_indices
+    skip_b = lambda key, *a: [alloc.write_trash_index] * a[1] if key == "b" else right(key, *a)  # noqa: E731
+    monkeypatch.setattr(alloc, "get_write_indices", skip_b)
+    step_together(pool, forward, [(seq, [9]) for seq in seqs])
+    assert pool.writes.checked == 6 and pool.writes.failed == 1
+    assert pool.writes.last_failure == "request b, positions 20-20: a row the step should have written was not"
+    assert failures_logged(caplog) == [f"KV write check failed: {pool.writes.last_failure}"]
+
+
+def test_a_guard_row_changed_in_one_request_among_good_ones_is_the_one_reported(pool_and_forward, caplog):
+    pool, forward = pool_and_forward
+    seqs = prefilled(pool, forward, "abc")
+    first_row_of_c = pool.blocks_of(seqs[2])[0] * pool._allocator.block_physical_stride  # layer 0 K, position 0
+
+    def stray_write():
+        pool.rows[first_row_of_c] += 1.0
+
+    step_together(pool, forward, [(seq, [9]) for seq in seqs], meddle=stray_write)
+    assert pool.writes.checked == 6 and pool.writes.failed == 1
+    assert pool.writes.last_failure == "request c, positions 20-20: a row the step should have left alone changed"
+    assert failures_logged(caplog) == [f"KV write check failed: {pool.writes.last_failure}"]
+
+
+def test_a_request_freed_between_arming_and_the_check_is_not_counted(pool_and_forward):
+    pool, forward = pool_and_forward
+    a, b = prefilled(pool, forward, "ab")
+    for seq in (a, b):
+        assert pool.reserve(seq, 1)
+    complete = pool.completing_step([(a, 1), (b, 1)])
+    pool.free(b)  # its blocks are back in the pool, never written: its watch must not count
+    with torch.inference_mode():
+        forward([Work(a, [9], "decode", wants_logits=True)])
+    pool.completed_step([a], complete[:1])
+    assert pool.writes.to_dict() == {"checked": 2 + 1, "failed": 0, "last_failure": None}
 
 
 def test_the_engines_measured_figure_is_what_the_pool_holds(engine_factory, monkeypatch):

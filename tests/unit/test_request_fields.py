@@ -4,6 +4,7 @@ alike; every documented field is accepted; docs/protocol.md documents the refusa
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from model_runner.loading.loader import load
 from model_runner.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # scripts/ is importable from the checkout's root, as the scripts themselves run
+from scripts.protocol_examples import GENERATE, REQUEST_ID  # noqa: E402 (the documented generate request)
+
 PROTOCOL = ROOT / "docs" / "protocol.md"
 HELLO = [{"role": "user", "content": "Tell me about caches."}]
 
@@ -36,20 +40,8 @@ def test_an_unknown_field_is_refused_naming_it(payload, field, hint):
 
 
 def test_the_frames_own_fields_and_every_documented_one_are_accepted():
-    frame = {
-        "type": "generate",
-        "request_id": "r1",
-        "messages": [{"role": "system", "content": "Be brief."}, *HELLO],
-        "max_new_tokens": 8,
-        "sampling": {"temperature": 0, "top_k": None, "top_p": 1.0, "seed": None},
-        "stop": ["\n\n"],
-        "delivery": "stream",
-        "kv_cache": True,
-        "prefill_chunk": 0,
-        "overflow": "reject",
-        "timeout_s": 60,
-    }
-    assert parse_generate(frame).max_new_tokens == 8
+    frame = {"type": "generate", "request_id": REQUEST_ID, **GENERATE}  # docs/protocol.md's example, every field
+    assert parse_generate(frame).max_new_tokens == GENERATE["max_new_tokens"]
 
 
 def test_the_http_prompt_preview_refuses_an_unknown_field():

@@ -70,10 +70,9 @@ def run_work(pool: PagedKVPool, forward: BatchForward, work: list[Work]) -> torc
     """One step as the engine runs it: blocks reserved, the write check armed and verified."""
     for w in work:
         assert pool.reserve(w.seq, len(w.tokens))
-    complete = [pool.completing(w.seq, len(w.tokens)) for w in work]
+    complete = pool.completing_step([(w.seq, len(w.tokens)) for w in work])
     logits = forward(work)
-    for w, c in zip(work, complete):
-        pool.completed(w.seq, c)
+    pool.completed_step([w.seq for w in work], complete)
     return logits
 
 

@@ -1,6 +1,6 @@
 """The trace format on the Python side: the shipped trace is a real, consistent recording of the
-default model running the walkthrough's example, the recorder writes valid traces, and the
-validator refuses broken ones."""
+default model running the walkthrough's example (with what each new token read), the recorder writes
+valid traces, and the validator refuses broken ones, `attention` events included."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_the_shipped_trace_is_a_real_run_of_the_default_model_on_the_example():
     assert not SHIPPED.get("synthetic"), "the page must ship a recorded run, not a hand-written one"
     assert "SmolLM2-135M" in model["name"]
     assert (model["layers"], model["kv_heads"], model["head_dim"]) == (30, 3, 64)
-    assert SHIPPED["request"] == record_trace.EXAMPLE_REQUEST
+    assert SHIPPED["request"] == record_trace.with_attention(record_trace.EXAMPLE_REQUEST)
     roles = [m["role"] for m in SHIPPED["request"]["messages"]]
     assert roles == ["system", "user", "assistant", "retrieved", "user"]
 
@@ -61,6 +61,35 @@ def test_the_shipped_run_grows_its_cache_one_position_per_token():
         assert after["cache_tokens"] == before["cache_tokens"] + 1
     for t in tokens:
         assert t["cache_bytes_measured"] == t["cache_bytes_formula"] == t["cache_tokens"] * per_token
+
+
+def test_the_shipped_trace_has_what_each_token_read_and_stays_small():
+    events, layers = SHIPPED["events"], SHIPPED["model"]["layers"]
+    prompt = len(SHIPPED["prompt"]["tokens"])
+    for before, token in zip(events, events[1:]):
+        if token["type"] != "token":
+            continue
+        assert before["type"] == "attention" and before["index"] == token["index"]
+        # token 0 is chosen by the prompt's last query; token n by answer token n − 1, over every position so far
+        assert before["query_position"] == prompt - 1 + token["index"] == before["positions"] - 1
+        assert len(before["layers"]) == layers
+        assert all(0 <= p < before["positions"] for p, _ in before["all"]["top"])
+    assert (ROOT / "static/data/trace-example.json").stat().st_size <= 1_000_000, "a page load, docs/trace-format.md"
+
+
+def test_the_written_trace_reads_back_as_the_same_trace():
+    text = record_trace.dumps_trace(SHIPPED)
+    assert json.loads(text) == SHIPPED
+    attention = json.dumps(of_type(SHIPPED, "attention")[0], ensure_ascii=False, separators=(",", ":"))
+    assert attention in text.splitlines()[-5:] or f"{attention}," in text.splitlines(), "one compact event per line"
+
+
+def test_an_inspected_recording_has_an_attention_event_before_each_token(fake_engine):
+    trace = record_trace.record(fake_engine, record_trace.with_attention(record_trace.EXAMPLE_REQUEST))
+    assert record_trace.validate_trace(trace) == []
+    types = [e["type"] for e in trace["events"]]
+    assert types.count("attention") == types.count("token") > 1
+    assert trace["request"]["inspect"] == {"attention": True}
 
 
 def test_the_recorder_writes_a_valid_trace_of_what_the_engine_emitted(fake_engine):
@@ -103,6 +132,15 @@ def broken(change):
         (lambda t: t["events"][0].update(type="hello"), "not a protocol event"),
         (lambda t: of_type(t, "prefill_end")[0].pop("first_token"), "lacks first_token"),
         (lambda t: t["prompt"]["tokens"][0].pop("source"), "prompt.tokens"),
+        (lambda t: of_type(t, "attention")[2].update(index=5), "expected one for token 2"),
+        (lambda t: t["events"].remove(of_type(t, "attention")[4]), "token 4 without its attention event"),
+        (lambda t: t["events"].insert(4, of_type(t, "attention")[0]), "a second attention event for token 0"),
+        (lambda t: t["events"].insert(6, of_type(t, "attention")[3]), "is for token 3, expected one for token 1"),
+        (lambda t: of_type(t, "attention")[1].update(positions=3), "positions = query_position + 1"),
+        (lambda t: of_type(t, "attention")[1]["layers"].pop(), "one entry per model layer (30)"),
+        (lambda t: of_type(t, "attention")[1]["all"]["top"].append([10_000, 0.1]), "every `top`"),
+        (lambda t: of_type(t, "attention")[3]["layers"][7]["sharpest"].update(top=[[0.5, 1.0]]), "every `top`"),
+        (lambda t: of_type(t, "attention")[0].pop("bin_width"), "(attention) lacks bin_width"),
     ],
 )
 def test_the_validator_names_what_is_broken(change, problem):

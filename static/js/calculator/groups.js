@@ -137,6 +137,8 @@ export function renderKeys(el, read, entry) {
     const li = html('li');
     li.append(html('code', { text: u.key }), ` → ${u.name}: ${typeof u.value === 'number' ? formatInt(u.value) : String(u.value)}`);
     if (u.default) li.append(html('em', { text: ` (not in the file: ${u.default})` }));
+    // a bundled entry's key that no copy of its file confirmed (model-configs.json `unchecked`)
+    if (entry?.unchecked?.includes(u.key)) li.append(html('em', { cls: 'kvc-unchecked', text: ' (unchecked)' }));
     return li;
   });
   if (entry) {

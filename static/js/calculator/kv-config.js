@@ -210,14 +210,14 @@ export function readConfig(config) {
   const r = new Reader(config);
   const layers = r.whole('num_hidden_layers', 'layers', 1, 4096);
   const heads = r.whole('num_attention_heads', 'attention heads', 1, BIG);
-  const context = r.whole('max_position_embeddings', 'context window', 1, BIG, null, 'not in the file: no context limit');
+  const context = r.whole('max_position_embeddings', 'context window', 1, BIG, null, 'no context limit');
   if (layers === null) return { groups: [], naive: null, used: r.used, errors: r.errors, contextWindow: context };
   const kv = kvHeadList(r, layers, heads);
   const dim = headDim(r, heads);
   const kinds = pattern(r, layers) || Array(layers).fill('full');
   const extra = extras(r, kinds, context);
   const perLayer = kinds.map((k, i) => layerOf(k, kv[i], dim, extra));
-  const shared = r.whole('num_kv_shared_layers', 'KV-shared layers', 0, layers - 1, 0, 'not in the file: no sharing');
+  const shared = r.whole('num_kv_shared_layers', 'KV-shared layers', 0, layers - 1, 0, 'no sharing');
   for (let i = layers - (shared || 0); i < layers; i += 1) perLayer[i] = { kind: 'shared' };
   return {
     groups: grouped(perLayer), naive: { layers, kv_heads: kv[0], head_dim: dim }, used: dedupe(r.used), errors: r.errors,

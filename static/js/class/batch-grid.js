@@ -2,7 +2,8 @@
 // cell what the request did in that step (prefill chunk, decode, recompute) or why it sat out
 // (waiting, preempted); under it the last step's batch size and time, as the engine measured them.
 // New steps push the columns left by redrawing, never by animation. When the engine goes idle the
-// last steps stay drawn, and a hint says so (or, before any step, what will appear).
+// last steps stay drawn, and a hint says so (or, before any step, what will appear). A view opened late
+// starts with the engine's last steps, which the feed keeps for it.
 import { defineFigure } from '../shared/figure.js';
 import { finder } from '../shared/dom.js';
 import { formatFixed, formatInt } from '../shared/format.js';
@@ -29,7 +30,7 @@ function policyText(p) {
 // What the hint under the grid says: nothing while the engine works, else why the grid is still.
 export function gridHint(state) {
   const last = state?.lastStep;
-  if (!last) return "No engine step since this view opened: the columns fill as soon as a student's request runs.";
+  if (!last) return "No engine step yet: the columns fill as soon as a student's request runs.";
   if (state.running > 0 || state.waiting > 0) return '';
   return `The engine is idle since step ${last.step}: these are its last ${state.steps.length} steps; `
     + 'new steps push them to the left.';

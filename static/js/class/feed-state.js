@@ -3,7 +3,9 @@
 // so the projector shows what the engine reported and a test can check it with a fixed event list.
 import { isTerminal } from '../shared/protocol.js';
 
-export const HISTORY_STEPS = 48; // engine steps the batch grid keeps (the newest on the right)
+export const HISTORY_STEPS = 48; // engine steps the batch grid keeps (the newest on the right); the feed
+// keeps as many (STEP_HISTORY in model_runner/core/feed.py) for a view opened late
+const PAST = 'past'; // a request seen only in steps from before this page subscribed
 export const RECENT_ENDED = 6; // ended requests the lanes keep showing after their end
 
 export function createClassState() {
@@ -39,11 +41,12 @@ function request(state, key, label) {
 }
 
 const isEnded = (r) => isTerminal(r.status);
+const isPast = (r) => r.status === PAST;
 
 // The requests the lanes show: every one in flight, then the last few that ended (newest first).
 export function lanes(state) {
   const all = [...state.requests.values()];
-  const live = all.filter((r) => !isEnded(r));
+  const live = all.filter((r) => !isEnded(r) && !isPast(r));
   return [...live, ...recentlyEnded(state)];
 }
 
@@ -111,17 +114,42 @@ function release(state, freed) {
   state.kv = { ...kv, used: kv.used - n, cached: (kv.cached || 0) + (cached ? n : 0), free: kv.free + (cached ? 0 : n) };
 }
 
-// Forget ended requests that neither the lanes nor the grid show any more, so memory stays bounded.
+// Forget ended (and past) requests that neither the lanes nor the grid show any more, so memory stays bounded.
 function prune(state) {
   const inGrid = new Set();
   for (const step of state.steps) for (const key of Object.keys(step.cells)) inGrid.add(key);
   const keep = new Set(recentlyEnded(state).map((r) => r.key));
   for (const r of [...state.requests.values()]) {
-    if (isEnded(r) && !keep.has(r.key) && !inGrid.has(r.key)) state.requests.delete(r.key);
+    if ((isEnded(r) || isPast(r)) && !keep.has(r.key) && !inGrid.has(r.key)) state.requests.delete(r.key);
   }
 }
 
+function keepStep(state, e, cells) {
+  state.steps.push({ step: e.step, ms: e.ms, batchTokens: e.batch_tokens, batchSize: (e.batch || []).length, cells });
+  if (state.steps.length > HISTORY_STEPS) state.steps.splice(0, state.steps.length - HISTORY_STEPS);
+  state.lastStep = state.steps[state.steps.length - 1];
+}
+
+// A step from before this page subscribed (`history`, sent ahead of the live events): a column of the
+// grid only. Its requests may have ended since, unseen, so it moves no lane, block or count (the
+// snapshot's are newer); a step the grid already has is skipped.
+function onPastStep(state, e) {
+  const newest = state.lastStep;
+  if (newest && e.step <= newest.step) return;
+  const cells = {};
+  for (const item of e.batch || []) {
+    const known = state.requests.has(item.request);
+    const r = request(state, item.request, item.label);
+    if (!known) r.status = PAST;
+    cells[item.request] = item.kind;
+  }
+  for (const key of e.preempted || []) if (!(key in cells) && state.requests.has(key)) cells[key] = 'preempted';
+  keepStep(state, e, cells);
+  prune(state);
+}
+
 function onStep(state, e) {
+  if (e.history === true) { onPastStep(state, e); return; }
   const cells = {};
   for (const item of e.batch || []) {
     const r = request(state, item.request, item.label);
@@ -140,9 +168,7 @@ function onStep(state, e) {
     if (isEnded(r) || r.key in cells) continue;
     if (r.status === 'waiting' || r.status === 'preempted') cells[r.key] = r.status;
   }
-  state.steps.push({ step: e.step, ms: e.ms, batchTokens: e.batch_tokens, batchSize: (e.batch || []).length, cells });
-  if (state.steps.length > HISTORY_STEPS) state.steps.splice(0, state.steps.length - HISTORY_STEPS);
-  state.lastStep = state.steps[state.steps.length - 1];
+  keepStep(state, e, cells);
   if (e.kv) state.kv = e.kv;
   state.waiting = e.waiting ?? state.waiting;
   state.running = e.running ?? state.running;
@@ -212,7 +238,7 @@ const HANDLERS = {
     // is queued or running, such lanes are gone (a live request reappears with its next step).
     if (state.dropped > 0 && e.waiting === 0 && e.running === 0) {
       for (const r of [...state.requests.values()]) {
-        if (!isEnded(r)) { freeBlocks(state, r); state.requests.delete(r.key); }
+        if (!isEnded(r) && !isPast(r)) { freeBlocks(state, r); state.requests.delete(r.key); }
       }
     }
     state.waiting = e.waiting ?? state.waiting;

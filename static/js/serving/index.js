@@ -17,11 +17,13 @@ import * as batching from './batching.js';
 import * as paged from './paged.js';
 import * as chunked from './chunked.js';
 import * as prefix from './prefix.js';
+import * as attentionCost from './attention-cost.js';
 import * as speculative from './speculative.js';
 import * as disagg from './disagg.js';
 import * as worked from './worked.js';
 
-const MODULES = { 'why-batch': whyBatch, batching, paged, chunked, prefix, speculative, disagg, worked };
+const MODULES = { 'why-batch': whyBatch, batching, paged, chunked, prefix, 'attention-cost': attentionCost, speculative,
+  disagg, worked };
 const NEXT_KEYS = new Set(['ArrowRight', 'ArrowDown', 'PageDown']);
 const PREV_KEYS = new Set(['ArrowLeft', 'ArrowUp', 'PageUp']);
 // Figures that draw something even without data (the diagram, the worked-example calculator).
@@ -101,7 +103,10 @@ function sourceLine(stage) {
     node.append(', ');
     // Where and when the recording script ran, as it wrote them down (the model line without its route).
     const model = (on.model || 'model not named').replace(new RegExp(`,\\s*${route}$`), '');
-    value(node, `${model}, ${on.machine || 'this project’s machine'}, ${on.date || 'date not given'}`,
+    // An experiment recorded later and merged in (record_serving_trace.py --only) has its own date.
+    const merged = (on.merged || []).findLast((m) => (m.experiments || []).includes(dataNameOf(stage)));
+    const date = merged?.date || on.date;
+    value(node, `${model}, ${on.machine || 'this project’s machine'}, ${date || 'date not given'}`,
       'measured', 'sv-source-detail');
     node.append(' load ');
     // This experiment's own load when the recording has it, else the recording's at its start.

@@ -68,3 +68,29 @@ export function queryPosition(state, index) {
 export function layerLabel(layer) {
   return layer === ALL_LAYERS ? 'all layers (mean)' : `layer ${layer + 1}`;
 }
+
+// Every event of a run folded in: the state a recorded or replayed trace gives.
+export function attentionOfEvents(prompt, events) {
+  return events.reduce(applyAttentionEvent, createAttention(prompt));
+}
+
+// What a strip shows: the token pinned (or else the newest with an attention event), the positions it
+// read most for one layer or ALL_LAYERS over the heads' mean or the sharpest head, their highlight
+// levels and the query's position. `newest` caps "the newest" (a stage may show fewer tokens).
+export function readView(state, { pinned = null, layer = ALL_LAYERS, mode = HEAD_MODES.MEAN, newest = null } = {}) {
+  const latest = newest ?? newestIndex(state);
+  const index = pinned ?? latest;
+  const heads = layer === ALL_LAYERS ? HEAD_MODES.MEAN : mode;
+  const reads = index == null ? [] : readsFor(state, index, layer, heads);
+  return { index, heads, reads, levels: highlightLevels(reads), query: index == null ? null : queryPosition(state, index) };
+}
+
+// The caption: "To choose answer token 3, layer 2, the mean over heads, read most: position 0 “<|im_start|>” (marker) 41.2 %; …".
+export function readSentence(state, view, layer) {
+  const who = view.heads === HEAD_MODES.SHARPEST ? 'its sharpest head' : 'the mean over heads';
+  const most = view.reads.slice(0, 3).map(({ position, weight }) => {
+    const at = positionOf(state, position);
+    return `position ${position}${at ? ` “${at.text.trim() || at.text}” (${at.source})` : ''} ${(weight * 100).toFixed(1)} %`;
+  });
+  return `To choose answer token ${view.index}, ${layerLabel(layer)}, ${who}, read most: ${most.join('; ')}.`;
+}

@@ -48,7 +48,7 @@ const SPEC = /* protocol-json */ {
   "feed": {
     "engine_snapshot": ["waiting", "running", "steps", "preemptions", "prefix_hit_tokens", "policy", "kv"],
     "engine_step": ["step", "ms", "batch_tokens", "batch", "preempted", "prefix_hit_tokens", "kv", "waiting",
-                    "running"],
+                    "running", "history"],
     "engine_submit": ["request", "label", "prompt_tokens", "prompt"],
     "engine_admit": ["request", "label", "prompt_tokens", "cached_tokens", "resumed", "waited_ms", "prompt"],
     "engine_preempt": ["request", "label", "blocks_freed"],

@@ -2,7 +2,8 @@
 // to, and wires the controls, `#stage-…` deep links, live runs ("Run it for real") and the lab's
 // `kvscope:replay-trace` event; destroy() undoes all of it (shared/figure.js: every listener, the
 // play timer and the fetches go through one `figure` handle). The state shown is always
-// figureState(stage index, run): nothing accumulates, so going back restores a stage exactly.
+// figureState(stage index, run): nothing accumulates, so going back restores a stage exactly. The
+// decode and cache stages also show what the newest token read (attention.js), from the trace on display.
 import { parseTrace, deriveRun, makeTrace } from '../trace.js';
 import { runRequest } from '../ws-client.js';
 import { currentModel } from '../model-status.js';
@@ -17,6 +18,7 @@ import { contextFacts } from './context.js';
 import { createDrawing } from './drawing.js';
 import { loadTrace as loadServingTrace } from '../serving/data.js';
 import { observeSteps, scrollToStep } from './scroll.js';
+import { createAttentionBlock, liveRequest } from './attention.js';
 
 const TRACE_URL = new URL('../../data/trace-example.json', import.meta.url);
 const PLAY_EVERY_MS = 4000;
@@ -27,7 +29,9 @@ let ctx = null; // the mounted walkthrough's state; null once destroyed, which a
 
 function render() {
   const { index, run, source, dom } = ctx;
-  ctx.drawing.render(figureState(index, run, source), run);
+  const state = figureState(index, run, source);
+  ctx.drawing.render(state, run);
+  ctx.attention.update(ctx.trace, state, run);
   dom.list.forEach((b, i) => (i === index ? b.setAttribute('aria-current', 'step') : b.removeAttribute('aria-current')));
   dom.steps.forEach((s, i) => s.classList.toggle('is-active', i === index));
   dom.prev.disabled = index === 0;
@@ -74,9 +78,11 @@ async function loadServing() {
   if (ctx.anchored) scrollToStep(ctx.dom.steps[ctx.index]);
 }
 
-function setRun(run, source) {
+// trace: the events behind `run` (null for the schematic stand-in), for what each token read.
+function setRun(run, source, trace = null) {
   ctx.run = run;
   ctx.source = source;
+  ctx.trace = trace;
   showFacts();
   render();
 }
@@ -150,7 +156,7 @@ async function loadRecorded() {
     const trace = parseTrace(await res.json());
     if (!ctx) return;
     ctx.recorded = trace;
-    if (ctx.source === 'loading') setRun(deriveRun(trace), trace.synthetic ? 'schematic' : 'recorded');
+    if (ctx.source === 'loading') setRun(deriveRun(trace), trace.synthetic ? 'schematic' : 'recorded', trace);
     // The real numbers change the prose's length: keep a linked or chosen stage at the reading line.
     if (ctx.anchored) scrollToStep(ctx.dom.steps[ctx.index]);
     updateRunButton();
@@ -190,7 +196,8 @@ function onLiveEvent(trace, event) {
   if (event.type === EVENT.PREFILL_START) say('Live run: prefill…');
   if (event.type === EVENT.TOKEN) say(`Live run: ${run.tokens.length} tokens…`);
   const before = ctx.index;
-  if (ctx.follow) setStage(stageForPhase(run.phase), { scroll: true });
+  // An event without a phase of its own (an `attention` frame comes just before its token) keeps the stage.
+  if (ctx.follow && run.phase) setStage(stageForPhase(run.phase), { scroll: true });
   if (ctx.index === before) render();
 }
 
@@ -200,11 +207,13 @@ async function runLive() {
   stopPlay();
   dom.run.disabled = true;
   say('Live run: starting…');
-  const request = ctx.recorded.request;
   let model;
+  let request;
   let prompt;
   try {
-    [model, prompt] = await Promise.all([modelFacts(), promptFor(request)]);
+    model = await modelFacts();
+    request = liveRequest(ctx.recorded.request, model); // with what each new token read, where visible
+    prompt = await promptFor(request);
   } catch (err) {
     if (!ctx) return;
     say(`Live run: the server did not answer (${err.message}).`);
@@ -215,7 +224,7 @@ async function runLive() {
   const trace = makeTrace({ model, request, prompt, events: [] });
   ctx.live = trace;
   ctx.follow = true;
-  setRun(deriveRun(trace), 'live');
+  setRun(deriveRun(trace), 'live', trace);
   dom.stop.hidden = false;
   dom.back.hidden = true;
   ctx.handle = runRequest(request, { onEvent: (ev) => onLiveEvent(trace, ev) });
@@ -227,7 +236,7 @@ async function runLive() {
   dom.stop.hidden = true;
   dom.back.hidden = false;
   updateRunButton();
-  setRun(deriveRun(trace), 'live');
+  setRun(deriveRun(trace), 'live', trace);
   say(last.type === EVENT.FINISHED ? `Live run finished (${last.reason}) in ${formatMs(last.t_ms)}.`
     : `Live run ended early: ${last.type === EVENT.ERROR ? last.message : 'cancelled'}. The answer is incomplete.`);
 }
@@ -243,7 +252,7 @@ function showRecorded() {
   ctx.live = null;
   ctx.dom.back.hidden = true;
   say('');
-  setRun(deriveRun(ctx.recorded), ctx.recorded.synthetic ? 'schematic' : 'recorded');
+  setRun(deriveRun(ctx.recorded), ctx.recorded.synthetic ? 'schematic' : 'recorded', ctx.recorded);
 }
 
 function onReplayTrace(event) {
@@ -253,7 +262,7 @@ function onReplayTrace(event) {
     ctx.live = null;
     stopPlay();
     ctx.follow = false;
-    setRun(deriveRun(trace), 'imported');
+    setRun(deriveRun(trace), 'imported', trace);
     ctx.dom.back.hidden = false;
     say(`Showing a run from the lab (${trace.events.length} events).`);
     setStage(LAST, { scroll: true });
@@ -272,6 +281,7 @@ function updateRunButton(info = currentModel()) {
 
 function onKey(event) {
   if (event.altKey || event.ctrlKey || event.metaKey) return;
+  if (event.target.closest('input')) return; // the layer slider's own arrows, Home and End
   let target = null;
   if (NEXT_KEYS.has(event.key)) target = ctx.index + 1;
   else if (PREV_KEYS.has(event.key)) target = ctx.index - 1;
@@ -294,9 +304,11 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     run: q('.wt-run'), stop: q('.wt-stop'), back: q('.wt-back'), status: q('.wt-run-status'),
     list: [...el.querySelectorAll('.wt-stage-list button')], steps: [...el.querySelectorAll('.wt-step')],
   };
-  ctx = { el, dom, figure, index: 0, run: schematicRun(), source: 'loading', recorded: null, recordedRun: null,
-    serving: null, live: null, handle: null, follow: false, anchored: false, playTimer: 0 };
+  ctx = { el, dom, figure, index: 0, run: schematicRun(), source: 'loading', trace: null, recorded: null,
+    recordedRun: null, serving: null, live: null, handle: null, follow: false, anchored: false, playTimer: 0 };
   ctx.drawing = createDrawing(dom.figure);
+  const marks = (sel) => [...dom.figure.querySelectorAll(sel)];
+  ctx.attention = createAttentionBlock(q('.wt-attn'), figure, () => [marks('.wt-cells .wt-cell'), marks('.wt-columns .wt-col')]);
   // Runs last on destroy (after the listeners and the play timer are gone): the live run is
   // cancelled, the SVG removed, and `ctx = null` tells pending async work to stop.
   figure.onDestroy(() => {
