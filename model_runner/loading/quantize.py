@@ -7,6 +7,7 @@ leading candidates scored again exactly against the float32 embedding."""
 from __future__ import annotations
 
 import contextvars
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -143,23 +144,31 @@ class Int4Siblings:
             layer.scales_zeros = self.scales_zeros[:, start:end]
             layer.siblings, layer.sibling_index = self, index
             start = end
-        self._input: torch.Tensor | None = None
-        self._outputs: tuple[torch.Tensor, ...] = ()
-        self._untaken = 0
+        self._held = _HeldOutputs()
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Sibling `index`'s output for x as [rows, its out_features], computed with its siblings' on the first
         call for this input tensor. The siblings are called back to back on the same tensor by the model's
         attention and MLP modules; a new tensor (the next layer, the next step) is a new call."""
-        if x is not self._input:
-            self._input, self._outputs = None, ()  # never a stale output, even if the call below fails
+        held = self._held
+        if held.input is not x:
+            held.input, held.outputs = None, ()  # never a stale output, even if the call below fails
             fused = _int4_mm(_rows(x, x.shape[-1]), self.weight, self.scales_zeros, x.dtype)
-            self._input, self._outputs, self._untaken = x, fused.split(self.widths, dim=-1), len(self.widths)
-        out = self._outputs[index]
-        self._untaken -= 1
-        if self._untaken == 0:  # every sibling has its output: hold no tensor until the next input
-            self._input, self._outputs = None, ()
+            held.input, held.outputs, held.untaken = x, fused.split(self.widths, dim=-1), len(self.widths)
+        out = held.outputs[index]
+        held.untaken -= 1
+        if held.untaken == 0:  # every sibling has its output: hold no tensor until the next input
+            held.input, held.outputs = None, ()
         return out
+
+
+class _HeldOutputs(threading.local):
+    """An Int4Siblings group's last input and outputs, per thread: the speculative experiment runs the same
+    modules on a request's thread beside the engine's worker, and neither may take the other's output."""
+
+    input: torch.Tensor | None = None
+    outputs: tuple[torch.Tensor, ...] = ()
+    untaken = 0
 
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # transformers' names for them

@@ -17,7 +17,7 @@ from serving_experiments.harness import Job, Param, admit_of, ask, decode_steps,
 from serving_experiments.prompts import FILLER
 
 LENGTHS = (64, 256, 512, 1024, 2048, 4096, 8192)  # the cached lengths aimed at (prompt tokens)
-# max_positions' default: the run took 9.5 s on this project's 2-core CPU at load 2.45 (docs/protocol.md)
+# max_positions' default: the recorded run took about 10 s on this project's 2-core CPU (docs/protocol.md)
 PARAMS = {"max_positions": Param(2048, 64, 8192), "new_tokens": Param(8, 4, 32)}
 # A long prompt goes in chunks of this many positions: one 8,192-position pass would hold 8,192 x 8,192
 # attention scores per head at once, and each chunk still reads every key cached before it.
@@ -89,12 +89,13 @@ def rendered_tokens(engine, payload: dict) -> int:
 
 
 def lone_decode_steps(j: Job, name: str, prompt_tokens: int) -> list[dict]:
-    """{step, cached_positions, ms} of each decode step of `name` that ran alone: its k-th decode step reads
-    the prompt's positions and the k tokens decoded before it. Steps shared with other rows are left out."""
+    """{step, cached_positions, ms} of each decode step of `name` that ran alone: its k-th decode step's query
+    reads the prompt's positions, the k tokens decoded before it and its own (written in the same step), so
+    prompt + k + 1 keys. Steps shared with other rows are left out."""
     out = []
     for k, step in enumerate(decode_steps(j.steps, name)):
         if step["batch_tokens"] == 1:
-            out.append({"step": step["step"], "cached_positions": prompt_tokens + k, "ms": step["ms"]})
+            out.append({"step": step["step"], "cached_positions": prompt_tokens + k + 1, "ms": step["ms"]})
     return out
 
 

@@ -272,6 +272,8 @@ export function deriveRun(trace) {
     cache: lastTok
       ? { tokens: lastTok.cacheTokens, bytes: lastTok.cacheBytes, bytesFormula: lastTok.cacheBytesFormula }
       : { tokens: prefill.cacheTokens, bytes: prefill.cacheBytes, bytesFormula: endEv ? endEv.cache_bytes_formula : 0 },
+    // the run kept its attention weights (docs/protocol.md "inspect"): its decode steps pay for that
+    inspected: Boolean(trace.request && trace.request.inspect && trace.request.inspect.attention),
     maxNewTokens: accepted ? accepted.max_new_tokens : (trace.request && trace.request.max_new_tokens) || 0,
     end: endOf(events),
     timeline: timelineOf(queue, prefill, tokens),

@@ -236,7 +236,10 @@ def check_attention_cost(page, r: dict) -> None:
         "(ts) => ts.map((t) => [t.textContent, t.dataset.provenance])"
     )
     assert [f"weights-only floor {fmt_ms(r['floor']['floor_ms'])}, computed", "computed"] in labels
-    assert [f"fitted line, measured: {fmt_ms(r['fit']['intercept_ms'])} at no cache", "measured"] in labels
+    assert [
+        f"line fitted to the measured steps, computed: {fmt_ms(r['fit']['intercept_ms'])} at no cache",
+        "computed",
+    ] in labels
     readout = {k: p.locator(f'[data-key="{k}"]') for k in ("slope", "intercept", "floor", "kv-slope")}
     assert readout["floor"].text_content() == fmt_ms(r["floor"]["floor_ms"])
     assert readout["floor"].get_attribute("data-provenance") == "computed"

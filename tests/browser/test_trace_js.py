@@ -230,3 +230,17 @@ def test_sentences_without_their_data_are_hidden(js):
       const noPricing = context.contextFacts(run, { recordedOn: {}, experiments: {} });
       return [none.hidden, noPricing.hidden, none.facts['recorded-on'][1]];""")
     assert got == [["roof-prefill", "roof-decode", "ratio"], ["roof-prefill", "roof-decode", "ratio"], "measured"]
+
+
+def test_the_ratio_sentence_says_when_the_run_kept_its_attention_weights(js):
+    """An inspected recording's decode steps are slower: the sentence beside the pricing run must say so."""
+    why = js(
+        """const S = await (await fetch('/static/data/serving-trace.json')).json();
+      const plain = structuredClone(T); delete plain.request.inspect;
+      const run = trace.deriveRun(T);
+      return [run.inspected, context.ratioSentence(run, S).why, context.ratioSentence(trace.deriveRun(plain), S).why];"""
+    )
+    assert TRACE["request"]["inspect"] == {"attention": True}
+    inspected, said, plain = why
+    assert inspected is True
+    assert "attention weights" in said and "attention weights" not in plain

@@ -360,11 +360,11 @@ def test_attention_cost_times_lone_decode_steps_at_each_length(fake_app, feed_lo
         ours = {s["step"] for s in p["steps"]}
         decodes = [e["ms"] for e in steps if e["step"] in ours and [r["kind"] for r in e["batch"]] == ["decode"]]
         assert p["steps_measured"] == len(decodes) == 4  # the first token comes from the prefill
-        assert [s["cached_positions"] for s in p["steps"]] == [p["prompt_tokens"] + k for k in range(4)]
+        assert [s["cached_positions"] for s in p["steps"]] == [p["prompt_tokens"] + k + 1 for k in range(4)]
         assert p["step_ms"] == pytest.approx(min(decodes), abs=1e-3)
         assert p["step_ms_median"] == pytest.approx(percentile(decodes, 50), abs=1e-3)
         # its k-th decode step reads the prompt and the k tokens before it: 0, 1, 2, 3 more
-        assert p["cached_positions"] == p["prompt_tokens"] + 1.5
+        assert p["cached_positions"] == p["prompt_tokens"] + 2.5
         assert p["kv_bytes_read"] == engine.facts.kv_bytes_per_token * p["cached_positions"]
     block = engine.snapshot()["kv"]["block_size"]
     for shorter, longer in zip(points, points[1:]):  # each prompt's text a prefix of the next: its blocks reused

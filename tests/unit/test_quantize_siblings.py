@@ -4,6 +4,7 @@ is a new call (never another input's output); prompts still run each layer's own
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 
 import pytest
@@ -51,7 +52,7 @@ def test_siblings_give_the_separate_calls_outputs_bit_for_bit(bias, rows):
         got = [layer(x) for layer in grouped]
     assert counted.calls == 1
     assert all(torch.equal(g, s(x)) for g, s in zip(got, separate))
-    assert grouped[0].siblings._input is None  # all three took theirs: the outputs are not held on
+    assert grouped[0].siblings._held.input is None  # all three took theirs: the outputs are not held on
 
 
 def test_a_new_input_is_a_new_call_not_the_last_inputs_output():
@@ -61,6 +62,27 @@ def test_a_new_input_is_a_new_call_not_the_last_inputs_output():
     grouped[0](first)
     assert torch.equal(grouped[1](second), separate[1](second))
     assert torch.equal(grouped[2](first), separate[2](first))  # back to the first input: computed again
+
+
+def test_another_thread_never_takes_this_threads_held_outputs():
+    """The speculative experiment runs the model on a request's thread beside the engine's worker."""
+    grouped = three_layers(bias=False)
+    Int4Siblings(grouped)
+    x = torch.randn(1, 1, 64)
+    grouped[0](x)  # this thread holds the outputs for x, two of them untaken
+    seen = {}
+
+    def other_thread():
+        with CountInt4Calls() as counted:  # a dispatch mode counts its own thread's calls
+            seen["out"] = grouped[1](x)
+        seen["calls"] = counted.calls
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen["calls"] == 1  # the other thread computed its own, though the input tensor is the same
+    assert torch.equal(seen["out"], three_layers(bias=False)[1](x))
+    assert grouped[0].siblings._held.untaken == 2  # and this thread's are as it left them
 
 
 def test_prompt_rows_still_run_each_layers_own_float_weights():

@@ -48,7 +48,7 @@ function chart(parent, model) {
   if (model.fit) {
     const f = model.fit;
     labelledLine(svg, { cls: 'sv-fit', x1: x(f.x0), y1: y(f.y0), x2: x(f.x1), y2: y(f.y1),
-      label: `fitted line, measured: ${formatMs(f.y0)} at no cache`, provenance: 'measured' });
+      label: `line fitted to the measured steps, computed: ${formatMs(f.y0)} at no cache`, provenance: 'computed' });
   }
   for (const p of model.points) {
     const g = svgEl('g', { class: 'sv-apoint', 'data-positions': p.positions, 'data-ms': p.best,
@@ -65,7 +65,7 @@ function chart(parent, model) {
 function legend(parent) {
   const list = html('ul', { cls: 'sv-legend sv-attn-legend', parent });
   for (const [cls, text, provenance] of [['is-best', 'best step of a length', 'measured'],
-    ['is-median', 'median step', 'measured'], ['is-fit', 'straight line fitted through the best steps', 'measured'],
+    ['is-median', 'median step', 'measured'], ['is-fit', 'straight line fitted through the measured best steps', 'computed'],
     ['is-floor', 'weights-only floor: weight bytes ÷ bandwidth', 'computed']]) {
     const li = html('li', { cls: `sv-key ${cls}`, text: `${text} `, parent: list });
     html('span', { cls: `tag tag-${provenance}`, text: provenance, parent: li });
@@ -75,8 +75,8 @@ function legend(parent) {
 function figures(parent, r) {
   const items = [];
   if (r.fit) {
-    items.push(['slope (fit)', `${formatInt(r.fit.slope_us_per_1k_positions)} µs per 1,000 positions`, 'measured', 'slope']);
-    items.push(['step with no cache (fit)', formatMs(r.fit.intercept_ms), 'measured', 'intercept']);
+    items.push(['slope (fit)', `${formatInt(r.fit.slope_us_per_1k_positions)} µs per 1,000 positions`, 'computed', 'slope']);
+    items.push(['step with no cache (fit)', formatMs(r.fit.intercept_ms), 'computed', 'intercept']);
   }
   if (r.floor) {
     items.push(['weights-only floor', formatMs(r.floor.floor_ms), 'computed', 'floor']);

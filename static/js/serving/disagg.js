@@ -1,4 +1,4 @@
-// Stage 7 figure, SCHEMATIC: prefill and decode on separate machines with the KV cache handed from
+// Stage 8 figure, SCHEMATIC: prefill and decode on separate machines with the KV cache handed from
 // one to the other, beside the same work on one machine. No timing meaning; the one measured number
 // is the stall from the chunked_prefill experiment (, chunking off) that motivates the split.
 import { html, svgEl } from '../shared/dom.js';

@@ -1,4 +1,4 @@
-// Stage 6 figure: speculative decoding step by step for each case (proposed tokens coloured accepted
+// Stage 7 figure: speculative decoding step by step for each case (proposed tokens coloured accepted
 // or rejected, then the model's own token), with acceptance rate and measured speed-up. Token text
 // is model output: it goes in through textContent only.
 import { html } from '../shared/dom.js';

@@ -1,4 +1,4 @@
-// Stage 8 figure: token passes without vs with the KV cache for a prompt and reply length the reader
+// Stage 9 figure: token passes without vs with the KV cache for a prompt and reply length the reader
 // sets (computed by math.js), the context budget of the reference text's example (computed from its
 // cited inputs), and the measured "pricing" experiment: prefill vs decode time per token.
 import { html } from '../shared/dom.js';

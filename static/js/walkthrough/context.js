@@ -69,7 +69,14 @@ export function stepVsPrefill(run) {
 }
 
 // Why two recorded ratios may disagree, from what each recording says about itself.
-function ratioWhy(ours, theirs, mine, pricing) {
+function ratioWhy(ours, theirs, mine, pricing, inspected) {
+  return ratioReason(ours, theirs, mine, pricing) + (inspected
+    ? ' This run also kept each token\'s attention weights, which makes its decode steps about a fifth slower '
+      + '(docs/performance.md); the pricing run kept none.'
+    : '');
+}
+
+function ratioReason(ours, theirs, mine, pricing) {
   const prompts = `${formatInt(mine)}-token and ${formatInt(pricing)}-token prompts`;
   if (ours && theirs && ours !== theirs) {
     return `They are different runs on different routes (${ours} here, ${theirs} there) with ${prompts}: `
@@ -90,7 +97,7 @@ export function ratioSentence(run, serving) {
     ours: formatFixed(ours.ratio, 1),
     oursDetail: `${formatMs(ours.step)} a step against ${formatFixed(ours.perPosition, 2)} ms a prompt position`,
     theirs: formatFixed(r.ratio, 1),
-    why: ratioWhy(runRoute(run), servingRoute(serving, pricing), run.prefill.tokens, r.prompt_tokens),
+    why: ratioWhy(runRoute(run), servingRoute(serving, pricing), run.prefill.tokens, r.prompt_tokens, run.inspected),
   };
 }
 
