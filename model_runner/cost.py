@@ -128,7 +128,7 @@ def quantized_bytes(shape: Shape) -> int:
 
 def _prompt_rows(rows: int, decode: bool) -> bool:
     """Whether a call runs on the float32 weights: a prompt's FLOAT_ROWS rows or more; a decode step's rows,
-    however many requests share it, stay on the kernels (model_runner/loading/quantize.py, decode_step)."""
+    however many requests share it, stay on the kernels (model_runner/loading/quantize.py, kernel_step)."""
     return rows >= FLOAT_ROWS and not decode
 
 

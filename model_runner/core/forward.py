@@ -16,7 +16,7 @@ from model_runner.core.kv_cache import FULL, PagedKVPool
 from model_runner.core.scheduler import Work
 from model_runner.core.sequence import Sequence
 from model_runner.core.static_step import StaticDecodeStep, is_decode_batch
-from model_runner.loading.quantize import decode_step
+from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
 
 # Attentions that take the paged cache: kvscope's sdpa (transformers' sdpa unless a request is
 # inspected, core/attention_inspect.py) and transformers' paged eager.
@@ -27,6 +27,17 @@ def use_paged_attention(model) -> None:
     """Make sure the model's attention can read and write the paged pool."""
     if model.config._attn_implementation not in PAGED_ATTENTION:
         model.set_attn_implementation(register())
+
+
+def on_kernels(rows: list[Work]) -> bool:
+    """Whether a step runs on a quantized route's kernel weights (quantize.kernel_step) rather than letting a
+    call of FLOAT_ROWS rows or more take the float32 copies: a decode batch is never a prompt, and a step
+    that mixes a prompt chunk with decodes is still cheaper on the kernels while it is small (a class's
+    usual step: the few tokens left after a cached prefix, beside 15 decodes)."""
+    if is_decode_batch(rows):
+        return True
+    decodes = any(row.kind == "decode" for row in rows)
+    return decodes and sum(len(row.tokens) for row in rows) <= mixed_kernel_rows()
 
 
 def _i32(values) -> torch.Tensor:
@@ -61,7 +72,7 @@ class BatchForward:
         """rows (blocks already reserved) → logits of the rows that want them: [n_wanting, vocab], float32
         on the CPU (one transfer for the step). Each row's tokens sit at positions seq.cached … seq.cached +
         len(tokens) − 1. A decode-only batch runs the static step when there is one; the rest run eagerly."""
-        with decode_step() if is_decode_batch(rows) else nullcontext():  # a decode batch is never a prompt
+        with kernel_step() if on_kernels(rows) else nullcontext():
             logits = self._static_decode(rows)
             if logits is None:
                 logits = self._eager(rows)

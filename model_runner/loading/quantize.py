@@ -23,26 +23,40 @@ FLOAT_ROWS = 16
 RESCORED = 32  # head candidates scored again in float32: far more than the approximate head's error can reorder
 
 
-_DECODE_STEP = contextvars.ContextVar("kvscope_decode_step", default=False)
+# A step that mixes prompt rows (a chunk, the rest of a prompt after its cached prefix) with decode tokens
+# runs on the kernels' weights while it has at most this many rows. Over this model's layers the int4 kernel
+# still beat float32's GEMM at 45 rows under AVX-512 and lost at 80 (two threads, docs/performance.md, "A
+# class's steps"), so 40 keeps a margin; under AVX2 the two tied at 15 rows and float32 won from 23, so there
+# a mixed step keeps the rule of any other call (float32 from FLOAT_ROWS rows).
+MIXED_KERNEL_ROWS = (("AVX512", 40),)  # (torch's CPU capability prefix, rows); any other: FLOAT_ROWS - 1
+
+
+def mixed_kernel_rows() -> int:
+    """The most rows a step mixing prompt rows with decode tokens runs on the kernels, on this CPU's kernels."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    return next((rows for prefix, rows in MIXED_KERNEL_ROWS if capability.startswith(prefix)), FLOAT_ROWS - 1)
+
+
+_KERNEL_STEP = contextvars.ContextVar("kvscope_kernel_step", default=False)
 
 
 @contextmanager
-def decode_step():
-    """Inside: a step of decode tokens only (one new token a request), however many requests share it. Its
-    rows are not a prompt, so they stay on the kernels' weights and the head's int8 pass whatever their
-    count: 16 decode rows on torch's int4 kernel take about half float32's time on this AVX-512 CPU
-    (measured, docs/performance.md), and a batch of 16 on the float32 copies ran 172 ms a step against
-    59 ms for 8 (the serving chapter's recording before this)."""
-    token = _DECODE_STEP.set(True)
+def kernel_step():
+    """Inside: a step whose rows all run on the kernels' weights and the head's int8 pass whatever their count:
+    a step of decode tokens only (one new token a request), however many requests share it, or a small step
+    mixing a prompt chunk with decodes (mixed_kernel_rows()). 16 decode rows on torch's int4 kernel take
+    about half float32's time on this AVX-512 CPU (measured, docs/performance.md), and a batch of 16 on the
+    float32 copies ran 172 ms a step against 59 ms for 8 (the serving chapter's recording before this)."""
+    token = _KERNEL_STEP.set(True)
     try:
         yield
     finally:
-        _DECODE_STEP.reset(token)
+        _KERNEL_STEP.reset(token)
 
 
 def _prompt_rows(flat: torch.Tensor) -> bool:
-    """Whether a call runs on the float32 weights: FLOAT_ROWS rows or more, outside a decode-only step."""
-    return flat.shape[0] >= FLOAT_ROWS and not _DECODE_STEP.get()
+    """Whether a call runs on the float32 weights: FLOAT_ROWS rows or more, outside a kernel step."""
+    return flat.shape[0] >= FLOAT_ROWS and not _KERNEL_STEP.get()
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from model_runner.errors import UserError
-from model_runner.loading.quantize import FLOAT_ROWS
+from model_runner.loading.quantize import FLOAT_ROWS, mixed_kernel_rows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZED_ROUTES = ("int4", "int8")  # weight-only quantized linear layers, float32 elsewhere (CPU only)
@@ -48,7 +48,8 @@ def float_prefill_for(capability: str) -> bool:
     """Whether int4 runs a prompt's prefill on the float32 weights (kept at load): on AVX2 and AVX-512 alike,
     since a prompt run in float32 leaves float32's own KV cache and first token, so the greedy answers stay
     the model's (identical to float32 on 20 and 21 of 24 prompts with it, 17 and 19 without, measured), and
-    under AVX2 torch's int4 kernel takes 2.5x float32's time on 64 rows (docs/performance.md)."""
+    under AVX2 torch's int4 kernel takes 2.5x float32's time on 64 rows (docs/performance.md). A small step
+    mixing a prompt's chunk with decodes is the exception (quantize.mixed_kernel_rows: int4 is faster there)."""
     return capability.upper().startswith(("AVX512", "AVX2"))
 
 
@@ -123,7 +124,8 @@ def quantization_note(route: DtypeRoute, dtype_name: str) -> str:
     prefill = (
         f"a prompt's step of {FLOAT_ROWS} tokens or more runs on the float32 weights, kept for prefill: "
         "float32's own arithmetic and KV cache for the prompt (decode steps, however many requests share "
-        "them, stay on the int4 kernel)"
+        f"them, stay on the int4 kernel, and so does a step mixing a prompt chunk with decodes of up to "
+        f"{mixed_kernel_rows()} rows on this CPU)"
         if route.float_prefill
         else "prompts run on the int4 weights too"
     )

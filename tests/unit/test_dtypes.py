@@ -14,6 +14,8 @@ from kvscope_testkit import ask, events_of
 from torch import nn
 
 from bench import dtypes as bench_dtypes
+from model_runner.core.scheduler import Work
+from model_runner.core.sequence import Sequence
 from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.loading.fake import ANSWER
@@ -23,7 +25,8 @@ from model_runner.loading.quantize import (
     Int4Linear,
     Int8Linear,
     RescoredHead,
-    decode_step,
+    kernel_step,
+    mixed_kernel_rows,
     quantize_int4,
     quantize_int8,
     weight_count_and_bytes,
@@ -194,16 +197,96 @@ def test_int4_runs_long_inputs_on_the_float_weights_and_short_ones_on_int4():
 
 
 def test_a_decode_step_stays_on_the_kernels_however_many_requests_share_it():
-    """16 requests decoding together are 16 rows, not a prompt: inside decode_step() they run the int4
+    """16 requests decoding together are 16 rows, not a prompt: inside kernel_step() they run the int4
     kernel and the head's int8 pass (a batch of 16 on the float32 copies was 3x slower than 8)."""
     torch.manual_seed(5)
     weight = torch.randn(48, 64)
     layer, batch = Int4Linear(weight, keep_float=True), torch.randn(FLOAT_ROWS, 64)
-    with decode_step():
+    with kernel_step():
         assert torch.equal(layer(batch), Int4Linear(weight)(batch))
         head_rows = RescoredHead(weight)(batch)
     assert not torch.equal(head_rows, nn.functional.linear(batch, weight))  # the int8 pass outside the top
     assert torch.equal(layer(batch), nn.functional.linear(batch, weight))  # outside it: a prompt's rows
+
+
+@pytest.mark.parametrize(
+    ("capability", "rows"), [("AVX512", 40), ("avx512", 40), ("AVX2", FLOAT_ROWS - 1), ("DEFAULT", FLOAT_ROWS - 1)]
+)
+def test_how_large_a_mixed_step_stays_on_the_kernels_follows_the_cpus_kernels(monkeypatch, capability, rows):
+    """Under AVX2 float32 already wins from about 16 rows, so a mixed step there keeps the float32 rule."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert mixed_kernel_rows() == rows
+
+
+def _work(kind: str, tokens: int, cached: int) -> Work:
+    seq = Sequence(id=kind, params=ask("hi"), key=kind, prompt_ids=[65] * max(tokens, 1))
+    seq.cached = cached
+    return Work(seq, [66] * tokens, kind, True)
+
+
+@pytest.mark.parametrize(("capability", "limit"), [("AVX512", 40), ("AVX2", FLOAT_ROWS - 1)])
+def test_which_steps_run_on_the_kernels(monkeypatch, capability, limit):
+    from model_runner.core.forward import on_kernels
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    decodes = [_work("decode", 1, 5) for _ in range(8)]
+    assert on_kernels(decodes * 8)  # a decode batch, however wide
+    assert on_kernels(decodes + [_work("prefill", limit - 8, 0)])  # a mixed step at the limit
+    assert not on_kernels(decodes + [_work("prefill", limit - 7, 0)])  # one row past it
+    assert not on_kernels([_work("prefill", 4, 0)])  # a prompt alone: the float32 rule (from FLOAT_ROWS rows)
+
+
+def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
+    """For each quantized layer's call in one BatchForward step over `work` (the head's included): its rows and
+    whether it ran on the float32 weights."""
+    from model_runner.core.forward import BatchForward
+    from model_runner.core.kv_cache import PagedKVPool
+    from model_runner.loading import quantize
+
+    loaded = loader.load("fake", "cpu", "int4")
+    monkeypatch.setattr(quantize, "_prompt_rows", spy := _Spy(quantize._prompt_rows))
+    pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=512)
+    forward = BatchForward(loaded.model, pool)
+    with torch.inference_mode():
+        for seq, tokens, _kind in work:
+            if seq.cached == 0 and _kind == "decode":  # give it a past first, in a step of its own
+                assert pool.reserve(seq, len(seq.prompt_ids))
+                forward([Work(seq, seq.prompt_ids, "prefill", True)])
+        spy.calls.clear()
+        for seq, tokens, _kind in work:
+            assert pool.reserve(seq, len(tokens))
+        forward([Work(seq, tokens, kind, True) for seq, tokens, kind in work])
+    return spy.calls
+
+
+class _Spy:
+    def __init__(self, wrapped):
+        self.wrapped, self.calls = wrapped, []
+
+    def __call__(self, flat):
+        self.calls.append((flat.shape[0], self.wrapped(flat)))
+        return self.calls[-1][1]
+
+
+def test_a_small_step_mixing_a_chunk_with_decodes_runs_on_the_kernels_and_a_large_one_on_float32(monkeypatch):
+    """A class's usual step (the rest of a prompt after its cached prefix, beside decodes) is cheaper on the
+    int4 kernel than on float32's GEMM while it is small; a prompt alone, or a large mixed step, is not."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # 40 rows
+    decoding = [Sequence(id=f"d{i}", params=ask("hi"), key=f"d{i}", prompt_ids=[65, 66, 67]) for i in range(15)]
+
+    def mixed(chunk: int) -> list:
+        chunked = Sequence(id="c", params=ask("hi"), key="c", prompt_ids=list(range(70, 70 + chunk)))
+        return [(seq, [68], "decode") for seq in decoding] + [(chunked, chunked.prompt_ids, "prefill")]
+
+    small = _rows_on_the_float_weights(monkeypatch, mixed(20))  # 35 rows, 16 of them wanting logits
+    assert {rows for rows, _ in small} == {35, 16} and not any(on_float for _, on_float in small)
+    for seq in decoding:
+        seq.cached = 0
+    large = _rows_on_the_float_weights(monkeypatch, mixed(30))  # 45 rows
+    assert {rows for rows, _ in large} == {45, 16} and all(on_float for _, on_float in large)
+    alone = Sequence(id="p", params=ask("hi"), key="p", prompt_ids=list(range(70, 90)))
+    prompt = _rows_on_the_float_weights(monkeypatch, [(alone, alone.prompt_ids, "prefill")])
+    assert {(20, True), (1, False)} == set(prompt)  # its layers on float32; the head's one row on the kernels
 
 
 def test_bad_and_misplaced_dtypes_are_refused_naming_the_field():

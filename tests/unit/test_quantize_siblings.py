@@ -17,8 +17,8 @@ from model_runner.loading.quantize import (
     FLOAT_ROWS,
     Int4Linear,
     Int4Siblings,
-    decode_step,
     group_siblings,
+    kernel_step,
     quantize_int4,
     weight_count_and_bytes,
 )
@@ -113,7 +113,7 @@ def block_wide_model(siblings: bool) -> nn.Module:
 
 def logits_and_int4_calls(model: nn.Module, tokens: int, decode: bool) -> tuple[torch.Tensor, int]:
     ids = torch.arange(3, 3 + tokens)[None]
-    with torch.inference_mode(), decode_step() if decode else nullcontext(), CountInt4Calls() as counted:
+    with torch.inference_mode(), kernel_step() if decode else nullcontext(), CountInt4Calls() as counted:
         logits = model(input_ids=ids, use_cache=False).logits
     return logits, counted.calls
 

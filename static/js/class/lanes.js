@@ -5,8 +5,18 @@ import { defineFigure } from '../shared/figure.js';
 import { html } from '../shared/dom.js';
 import { formatInt, plural } from '../shared/format.js';
 import { followState } from './feed.js';
-import { lanes } from './feed-state.js';
+import { endings, lanes } from './feed-state.js';
 import { colourFor } from './colors.js';
+
+// What the empty list says: a view opened after requests ended (counted, but never seen as lanes) must
+// not claim there were none.
+export const NO_REQUEST_YET = 'No request yet: send one from the page on your laptop.';
+export const NONE_SINCE_OPENED = 'No request since this view opened (the counters include earlier ones).';
+
+export function emptyText(state) {
+  const ended = endings(state);
+  return ended.finished + ended.cancelled + ended.error > 0 ? NONE_SINCE_OPENED : NO_REQUEST_YET;
+}
 
 export const MAX_LANES = 16; // rows on the projector; the rest are counted, not drawn
 const MIN_LANES = 3;
@@ -97,6 +107,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     const hidden = all.length - shown.length;
     more.textContent = hidden > 0 ? `+${hidden} more not shown` : '';
     empty.hidden = all.length > 0;
+    if (!all.length) empty.textContent = emptyText(state);
     el.dataset.inFlight = String(inFlight);
   });
 });

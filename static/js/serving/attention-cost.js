@@ -4,29 +4,12 @@
 // model's weight bytes over this machine's measured bandwidth; below, each length's figures.
 import { html, svgEl } from '../shared/dom.js';
 import { formatInt, formatMs, formatSize } from '../shared/format.js';
-import { clear, readouts, table, value } from './view.js';
+import { axes, clear, readouts, table, value } from './view.js';
 import { chartModel, linearScale } from './attention-math.js';
 
 const W = 420;
 const H = 230;
 const M = { top: 14, right: 24, bottom: 36, left: 46 };
-
-function axes(svg, model, x, y) {
-  for (const t of model.xTicks) {
-    svgEl('line', { x1: x(t), x2: x(t), y1: M.top, y2: H - M.bottom, class: 'sv-grid' }, { parent: svg });
-    svgEl('text', { x: x(t), y: H - M.bottom + 13, class: 'sv-axis', 'text-anchor': 'middle', 'data-provenance': 'computed' },
-      { text: formatInt(t), parent: svg });
-  }
-  for (const t of model.yTicks) {
-    svgEl('line', { x1: M.left, x2: W - M.right, y1: y(t), y2: y(t), class: 'sv-grid' }, { parent: svg });
-    svgEl('text', { x: M.left - 4, y: y(t) + 3, class: 'sv-axis', 'text-anchor': 'end', 'data-provenance': 'computed' },
-      { text: formatInt(t), parent: svg });
-  }
-  svgEl('text', { x: (M.left + W - M.right) / 2, y: H - 5, class: 'sv-axis-title', 'text-anchor': 'middle' },
-    { text: 'cached positions the new token reads', parent: svg });
-  svgEl('text', { x: 11, y: (M.top + H - M.bottom) / 2, class: 'sv-axis-title', 'text-anchor': 'middle',
-    transform: `rotate(-90 11 ${(M.top + H - M.bottom) / 2})` }, { text: 'decode step (ms)', parent: svg });
-}
 
 // A line with its label: the label's own provenance says how its number was made.
 function labelledLine(svg, { cls, x1, y1, x2, y2, label, provenance, above = true }) {
@@ -40,7 +23,8 @@ function chart(parent, model) {
   const y = linearScale([0, model.yMax], [H - M.bottom, M.top]);
   const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-attn-chart', role: 'img',
     'aria-label': 'Decode step time in milliseconds against the cached positions it reads' }, { parent });
-  axes(svg, model, x, y);
+  axes(svg, { W, H, M }, { x, y, xTicks: model.xTicks, yTicks: model.yTicks, xText: formatInt, yText: formatInt,
+    xTitle: 'cached positions the new token reads', yTitle: 'decode step (ms)' });
   if (model.floor != null) {
     labelledLine(svg, { cls: 'sv-floor', x1: x(0), y1: y(model.floor), x2: x(model.xMax), y2: y(model.floor),
       label: `weights-only floor ${formatMs(model.floor)}, computed`, provenance: 'computed', above: false });

@@ -1,6 +1,6 @@
-// DOM pieces the chapter's figures share: a labelled value, a horizontal bar, a key/value list and a
-// small table. Every number goes in through textContent inside an element that names its provenance.
-import { html } from '../shared/dom.js';
+// DOM pieces the chapter's figures share: a labelled value, a horizontal bar, a key/value list, a
+// small table and a chart's axes. Every number goes in through textContent inside an element that names its provenance.
+import { html, svgEl } from '../shared/dom.js';
 
 // A value with its provenance: <span data-provenance="measured">12.5 ms</span>.
 export function value(parent, text, provenance = 'measured', cls = 'sv-num') {
@@ -71,4 +71,25 @@ export function table(parent, { caption, head, rows, cls = 'sv-table' }) {
 
 export function clear(el) {
   el.replaceChildren();
+}
+
+// A chart's grid and axes in an SVG of `box` {W, H, M} (M: the margins): a line and a computed label at
+// each tick (`x`, `y` map values to pixels; `xText`, `yText` write a tick), and the two axis titles.
+export function axes(svg, { W, H, M }, { x, y, xTicks, yTicks, xText, yText, xTitle, yTitle }) {
+  const bottom = H - M.bottom;
+  const middle = (M.top + bottom) / 2;
+  for (const t of xTicks) {
+    svgEl('line', { x1: x(t), x2: x(t), y1: M.top, y2: bottom, class: 'sv-grid' }, { parent: svg });
+    svgEl('text', { x: x(t), y: bottom + 14, class: 'sv-axis', 'text-anchor': 'middle', 'data-provenance': 'computed' },
+      { text: xText(t), parent: svg });
+  }
+  for (const t of yTicks) {
+    svgEl('line', { x1: M.left, x2: W - M.right, y1: y(t), y2: y(t), class: 'sv-grid' }, { parent: svg });
+    svgEl('text', { x: M.left - 4, y: y(t) + 3, class: 'sv-axis', 'text-anchor': 'end', 'data-provenance': 'computed' },
+      { text: yText(t), parent: svg });
+  }
+  svgEl('text', { x: (M.left + W - M.right) / 2, y: H - 6, class: 'sv-axis-title', 'text-anchor': 'middle' },
+    { text: xTitle, parent: svg });
+  svgEl('text', { x: 12, y: middle, class: 'sv-axis-title', 'text-anchor': 'middle', transform: `rotate(-90 12 ${middle})` },
+    { text: yTitle, parent: svg });
 }

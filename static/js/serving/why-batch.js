@@ -2,13 +2,20 @@
 // roofline of the machine with the live prefill and decode points placed by arithmetic intensity.
 import { html, svgEl } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
-import { barRow, clear, value } from './view.js';
+import { axes, barRow, clear, value } from './view.js';
 import { decades, logScale, ridge, roof, share } from './math.js';
 import { pointVerdict } from '../walkthrough/context.js';
 
 const W = 420;
 const H = 240;
 const M = { top: 14, right: 16, bottom: 40, left: 56 };
+
+// Every power of ten from lo to hi (both powers of ten, as decades() gives them).
+function decadeTicks([lo, hi]) {
+  const ticks = [];
+  for (let d = lo; d <= hi * 1.001; d *= 10) ticks.push(d);
+  return ticks;
+}
 
 function sci(v) {
   if (!Number.isFinite(v)) return '–';
@@ -43,20 +50,8 @@ function rooflineSvg(parent, rl) {
   const y = logScale(ys, [H - M.bottom, M.top]);
   const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-roofline', role: 'img',
     'aria-label': 'Roofline of this machine: attainable FLOP/s against arithmetic intensity, log scales' }, { parent });
-  for (let d = xs[0]; d <= xs[1] * 1.001; d *= 10) {
-    svgEl('line', { x1: x(d), x2: x(d), y1: M.top, y2: H - M.bottom, class: 'sv-grid' }, { parent: svg });
-    svgEl('text', { x: x(d), y: H - M.bottom + 14, class: 'sv-axis', 'text-anchor': 'middle', 'data-provenance': 'computed' },
-      { text: sci(d), parent: svg });
-  }
-  for (let d = ys[0]; d <= ys[1] * 1.001; d *= 10) {
-    svgEl('line', { x1: M.left, x2: W - M.right, y1: y(d), y2: y(d), class: 'sv-grid' }, { parent: svg });
-    svgEl('text', { x: M.left - 4, y: y(d) + 3, class: 'sv-axis', 'text-anchor': 'end', 'data-provenance': 'computed' },
-      { text: sci(d), parent: svg });
-  }
-  svgEl('text', { x: (M.left + W - M.right) / 2, y: H - 6, class: 'sv-axis-title', 'text-anchor': 'middle' },
-    { text: 'arithmetic intensity (FLOP per byte moved)', parent: svg });
-  svgEl('text', { x: 12, y: (M.top + H - M.bottom) / 2, class: 'sv-axis-title', 'text-anchor': 'middle',
-    transform: `rotate(-90 12 ${(M.top + H - M.bottom) / 2})` }, { text: 'FLOP/s', parent: svg });
+  axes(svg, { W, H, M }, { x, y, xTicks: decadeTicks(xs), yTicks: decadeTicks(ys), xText: sci, yText: sci,
+    xTitle: 'arithmetic intensity (FLOP per byte moved)', yTitle: 'FLOP/s' });
   const line = [xs[0], ridgeI, xs[1]].map((i) => `${x(i)},${y(roof(i, rl))}`).join(' ');
   svgEl('polyline', { points: line, class: 'sv-roof' }, { parent: svg });
   svgEl('line', { x1: x(ridgeI), x2: x(ridgeI), y1: y(roof(ridgeI, rl)), y2: H - M.bottom, class: 'sv-ridge' }, { parent: svg });
