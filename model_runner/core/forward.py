@@ -32,12 +32,16 @@ def use_paged_attention(model) -> None:
 def on_kernels(rows: list[Work]) -> bool:
     """Whether a step runs on a quantized route's kernel weights (quantize.kernel_step) rather than letting a
     call of FLOAT_ROWS rows or more take the float32 copies: a decode batch is never a prompt, and a step
-    that mixes a prompt chunk with decodes is still cheaper on the kernels while it is small (a class's
-    usual step: the few tokens left after a cached prefix, beside 15 decodes)."""
+    that mixes chunks of chunked prefills with decodes is still cheaper on the kernels while it is small (a
+    class's usual step: the few tokens left after a cached prefix, beside 15 decodes). Only chunks: a
+    chunked prompt is computed in pieces beside whatever shares its steps anyway, while a whole prompt keeps
+    float32's own KV cache whatever shares its step, so without chunked prefill nothing changes."""
     if is_decode_batch(rows):
         return True
-    decodes = any(row.kind == "decode" for row in rows)
-    return decodes and sum(len(row.tokens) for row in rows) <= mixed_kernel_rows()
+    prompts = [row for row in rows if row.kind != "decode"]
+    if len(prompts) == len(rows) or not all(row.chunked for row in prompts):
+        return False
+    return sum(len(row.tokens) for row in rows) <= mixed_kernel_rows()
 
 
 def _i32(values) -> torch.Tensor:

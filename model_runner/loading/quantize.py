@@ -23,7 +23,7 @@ FLOAT_ROWS = 16
 RESCORED = 32  # head candidates scored again in float32: far more than the approximate head's error can reorder
 
 
-# A step that mixes prompt rows (a chunk, the rest of a prompt after its cached prefix) with decode tokens
+# A step that mixes chunks of chunked prefills (often the rest of a prompt after its cached prefix) with decodes
 # runs on the kernels' weights while it has at most this many rows. Over this model's layers the int4 kernel
 # still beat float32's GEMM at 45 rows under AVX-512 and lost at 80 (two threads, docs/performance.md, "A
 # class's steps"), so 40 keeps a margin; under AVX2 the two tied at 15 rows and float32 won from 23, so there
@@ -44,7 +44,7 @@ _KERNEL_STEP = contextvars.ContextVar("kvscope_kernel_step", default=False)
 def kernel_step():
     """Inside: a step whose rows all run on the kernels' weights and the head's int8 pass whatever their count:
     a step of decode tokens only (one new token a request), however many requests share it, or a small step
-    mixing a prompt chunk with decodes (mixed_kernel_rows()). 16 decode rows on torch's int4 kernel take
+    mixing chunks of chunked prefills with decodes (mixed_kernel_rows(), core/forward.py on_kernels). 16 decode rows on torch's int4 kernel take
     about half float32's time on this AVX-512 CPU (measured, docs/performance.md), and a batch of 16 on the
     float32 copies ran 172 ms a step against 59 ms for 8 (the serving chapter's recording before this)."""
     token = _KERNEL_STEP.set(True)

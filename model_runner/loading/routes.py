@@ -124,7 +124,7 @@ def quantization_note(route: DtypeRoute, dtype_name: str) -> str:
     prefill = (
         f"a prompt's step of {FLOAT_ROWS} tokens or more runs on the float32 weights, kept for prefill: "
         "float32's own arithmetic and KV cache for the prompt (decode steps, however many requests share "
-        f"them, stay on the int4 kernel, and so does a step mixing a prompt chunk with decodes of up to "
+        f"them, stay on the int4 kernel, and so does a step mixing chunked prefills' chunks with decodes of up to "
         f"{mixed_kernel_rows()} rows on this CPU)"
         if route.float_prefill
         else "prompts run on the int4 weights too"

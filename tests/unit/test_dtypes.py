@@ -218,10 +218,10 @@ def test_how_large_a_mixed_step_stays_on_the_kernels_follows_the_cpus_kernels(mo
     assert mixed_kernel_rows() == rows
 
 
-def _work(kind: str, tokens: int, cached: int) -> Work:
+def _work(kind: str, tokens: int, cached: int, chunked: bool = True) -> Work:
     seq = Sequence(id=kind, params=ask("hi"), key=kind, prompt_ids=[65] * max(tokens, 1))
     seq.cached = cached
-    return Work(seq, [66] * tokens, kind, True)
+    return Work(seq, [66] * tokens, kind, True, chunked=chunked and kind == "prefill")
 
 
 @pytest.mark.parametrize(("capability", "limit"), [("AVX512", 40), ("AVX2", FLOAT_ROWS - 1)])
@@ -234,6 +234,8 @@ def test_which_steps_run_on_the_kernels(monkeypatch, capability, limit):
     assert on_kernels(decodes + [_work("prefill", limit - 8, 0)])  # a mixed step at the limit
     assert not on_kernels(decodes + [_work("prefill", limit - 7, 0)])  # one row past it
     assert not on_kernels([_work("prefill", 4, 0)])  # a prompt alone: the float32 rule (from FLOAT_ROWS rows)
+    # A whole prompt (no chunked prefill) beside decodes keeps float32's own KV cache, however small the step.
+    assert not on_kernels(decodes + [_work("prefill", limit - 8, 0, chunked=False)])
 
 
 def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
@@ -248,14 +250,14 @@ def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=512)
     forward = BatchForward(loaded.model, pool)
     with torch.inference_mode():
-        for seq, tokens, _kind in work:
-            if seq.cached == 0 and _kind == "decode":  # give it a past first, in a step of its own
+        for seq, tokens, kind in work:
+            if seq.cached == 0 and kind == "decode":  # give it a past first, in a step of its own
                 assert pool.reserve(seq, len(seq.prompt_ids))
                 forward([Work(seq, seq.prompt_ids, "prefill", True)])
         spy.calls.clear()
-        for seq, tokens, _kind in work:
+        for seq, tokens, _ in work:
             assert pool.reserve(seq, len(tokens))
-        forward([Work(seq, tokens, kind, True) for seq, tokens, kind in work])
+        forward([Work(seq, tokens, kind, True, chunked=kind == "prefill") for seq, tokens, kind in work])
     return spy.calls
 
 
