@@ -75,11 +75,11 @@ test-remote: install-test $(LLAMA_VENV)/.installed
 bench: install
 	$(BIN)/kvscope bench --quick
 
-# Issue 17: float32 against the fast CPU default (`--dtype auto`) and int8 in one run (about 3 minutes on 2 cores).
+# float32 against the fast CPU default (`--dtype auto`) and int8 in one run (about 3 minutes on 2 cores).
 bench-dtypes: install
 	$(BIN)/kvscope bench --dtypes float32,auto,int8 --repeats 3
 
-# Issue 25: the same against llama.cpp on the same GGUF (needs node-llama-cpp 3.21.1; the bench says how).
+# The same against llama.cpp on the same GGUF (needs node-llama-cpp 3.21.1; the bench says how).
 bench-anchor: install
 	$(BIN)/kvscope bench --dtypes float32,auto --repeats 3 --anchor llamacpp
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from model_runner.core import config as engine_defaults
+from model_runner.local import config as engine_defaults
 
 FRAME_LIMIT = 256 * 1024  # room for the 60,000-character limit even in 4-byte UTF-8
 
@@ -18,7 +18,7 @@ DEFAULTS = {
     "MODEL": "default",  # "default" (bundled SmolLM2-135M-Instruct), "fake" (tests), a hub id or a path
     "DEVICE": "auto",
     "DTYPE": "auto",
-    "CUDA_GRAPHS": engine_defaults.CUDA_GRAPHS,  # "auto" (on CUDA) or "off" (model_runner/core/graphs.py)
+    "CUDA_GRAPHS": engine_defaults.CUDA_GRAPHS,  # "auto" (on CUDA) or "off" (model_runner/local/graphs.py)
     "MAX_QUEUE": engine_defaults.MAX_QUEUE,
     "TIMEOUT_S": engine_defaults.TIMEOUT_S,
     # Security: the address the server listens on. On a loopback address only loopback Host names
@@ -41,7 +41,7 @@ DEFAULTS = {
     "ALLOW_POLICY_CHANGES": None,
     "FEED_TEXT": False,  # prompt/answer text in the engine feed; off unless the teacher says so
     "DRAFT_MODEL": None,  # speculative experiment's draft model (`--draft-model`); None = prompt lookup
-    # Classroom mode (`kvscope serve --class`, app/classroom.py): the teacher's key (None = no key
+    # Classroom mode (`kvscope serve --class`, app/classroom/routes.py): the teacher's key (None = no key
     # works), the extra Host names students use (the LAN address, the hostname) and the join URL.
     "CLASS_MODE": False,
     "TEACHER_KEY": None,
@@ -74,7 +74,9 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from . import api, classroom, engine_ext, errors, experiments, metrics, openai_api, pages, security, ws
+    from app import api, engine_ext, errors, experiments, metrics, pages, security, ws
+    from app.classroom import routes as classroom
+    from app.openai import routes as openai_api
 
     errors.init_app(app)  # one error mapping: UserError code → status, in each blueprint's shape
     engine_ext.init_app(app)

@@ -11,12 +11,11 @@ from pathlib import Path
 
 from flask import Blueprint, current_app, jsonify, request
 
+from app.engine_ext import get_engine
+from app.protocol import parse_json_object
+from app.security import is_loopback, origin_refusal
 from model_runner.errors import UserError
 from model_runner.request import LIMITS, parse_generate
-
-from .engine_ext import get_engine
-from .protocol import parse_json_object
-from .security import is_loopback, origin_refusal
 
 bp = Blueprint("api", __name__)
 

@@ -11,7 +11,7 @@ from flask import Flask, current_app
 from model_runner.interface import EngineInterface
 
 if TYPE_CHECKING:  # imported late at run time: a test's injected engine needs neither torch nor a server
-    from model_runner.core.engine import Engine
+    from model_runner.local.engine import Engine
     from model_runner.remote.engine import RemoteEngine
 
 KEY = "kvscope_engine"
@@ -29,8 +29,8 @@ def init_app(app: Flask) -> None:
 
 
 def builtin_engine(app: Flask) -> Engine:
-    from model_runner.core import config as engine_defaults
-    from model_runner.core.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
+    from model_runner.local import config as engine_defaults
+    from model_runner.local.engine import Engine, EngineConfig  # imported late: tests with a stub skip torch
 
     return Engine(
         EngineConfig(

@@ -10,14 +10,13 @@ import threading
 
 from flask import Blueprint, current_app, jsonify, request
 
+from app.api import policy_changes_allowed
+from app.engine_ext import get_engine
+from app.protocol import parse_json_object
+from app.security import origin_refusal
 from model_runner.errors import UserError
 from serving_experiments.harness import parse_params
 from serving_experiments.registry import EXPERIMENTS, Experiment, experiment
-
-from .api import policy_changes_allowed
-from .engine_ext import get_engine
-from .protocol import parse_json_object
-from .security import origin_refusal
 
 bp = Blueprint("experiments", __name__)
 LOCK_KEY = "kvscope_experiment_lock"

@@ -18,11 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
+from app.engine_ext import KEY as ENGINE_KEY
+from app.openai.shapes import FINISH_REASONS, model_ids
 from model_runner.interface import EngineInterface
 from model_runner.metrics import request_metrics
-
-from .engine_ext import KEY as ENGINE_KEY
-from .openai_shapes import FINISH_REASONS, model_ids
 
 KEY = "kvscope_metrics"
 LABELS = ["model_name"]

@@ -20,12 +20,12 @@ from typing import Any
 from simple_websocket import ConnectionClosed
 from wsproto.utilities import LocalProtocolError
 
+from app.protocol import error_event, parse_json_object, parse_request_id
 from model_runner.errors import UserError
 from model_runner.events import SCHEMA_VERSION, Event
+from model_runner.fields import json_repr
 from model_runner.interface import EngineInterface
-from model_runner.request import json_repr, parse_generate
-
-from .protocol import error_event, parse_json_object, parse_request_id
+from model_runner.request import parse_generate
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SocketSession:
         self._lock = threading.Lock()  # guards _inflight
         self._inflight: dict[str, Any] = {}  # request id → RequestHandle, until its terminal event
         self._feed = None  # the engine feed subscription, after a `subscribe`
-        # The class view's side of this socket (app/classroom.py: label, cap, rate limit, notices,
+        # The class view's side of this socket (app/classroom/routes.py: label, cap, rate limit, notices,
         # follow), or None outside a classroom.
         self.seat = seat
         # how observers see this socket's requests

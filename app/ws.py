@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
 
-from . import classroom
-from .engine_ext import get_engine
-from .security import origin_refusal
-from .session import SessionSettings, run_session
+from app.classroom import routes as classroom
+from app.engine_ext import get_engine
+from app.security import origin_refusal
+from app.session import SessionSettings, run_session
 
 bp = Blueprint("ws", __name__)
 sock = Sock()

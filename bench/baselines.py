@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from model_runner import cost
+from formulas import cost
 from model_runner.metrics import percentile
 
 now = time.monotonic
@@ -62,7 +62,7 @@ def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids:
     """The floor: prefill, then one forward + argmax per token, stopping at an end token like the engine."""
     from transformers import DynamicCache
 
-    from model_runner.core.forward import steer
+    from model_runner.local.forward import steer
 
     device = model.device
     run = LoopRun("bare_loop")
@@ -160,7 +160,7 @@ def generate_with_streamer(
 def estimates(
     shape: cost.Shape, prompt_tokens: int, prefill_ms: float | None, step_ms: float | None, context: float
 ) -> dict[str, Any]:
-    """Achieved prefill FLOP/s and decode bandwidth: model_runner/cost.py's counts over measured times."""
+    """Achieved prefill FLOP/s and decode bandwidth: formulas/cost.py's counts over measured times."""
     out: dict[str, Any] = {"prefill_gflop_per_s": None, "decode_gb_per_s": None}
     if prefill_ms:
         out["prefill_gflop_per_s"] = round(cost.prefill_flops(shape, prompt_tokens) / (prefill_ms / 1000) / 1e9, 3)

@@ -8,8 +8,8 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from model_runner import cost
 from model_runner.errors import UserError
+from model_runner.loading.model_shape import shape_of
 from model_runner.metrics import percentile
 from serving_experiments import roofline
 
@@ -28,7 +28,7 @@ class Bench:
         self.args, self.target, self.grid = args, target, grid
         self.model = target.loaded.model
         self.facts = target.loaded.facts
-        self.shape = cost.shape_of(target.loaded)
+        self.shape = shape_of(target.loaded)
         self.eos = target.loaded.tokenizer.eos_ids
         self.hf_tokenizer = getattr(target.loaded.tokenizer, "tok", None)
         self.baselines = not args.no_baselines
@@ -42,7 +42,7 @@ class Bench:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")
         self.stepped = None
         if self.baselines:
-            from model_runner.core.engine import Engine, EngineConfig
+            from model_runner.local.engine import Engine, EngineConfig
 
             self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
 

@@ -76,7 +76,7 @@ def add_parser(subparsers) -> None:
         metavar="LIST",
         help="compare dtype routes in one run (default float32,auto; the first is the reference): lone-client "
         "decode tokens/s, prefill, aggregate tokens/s at --concurrency (default 8) clients, memory, and greedy "
-        "agreement on the quality prompts, with ratios (issue 17: auto >= 2.5x float32 alone)",
+        "agreement on the quality prompts, with ratios (target: auto >= 2.5x float32 alone)",
     )
     b.add_argument(
         "--anchor",

@@ -28,7 +28,7 @@ class Target:
 def open_target(args: argparse.Namespace, max_clients: int) -> Target:
     if args.via_websocket:
         return _websocket_target(args)
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
 
     engine = Engine(
         EngineConfig(

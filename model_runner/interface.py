@@ -2,7 +2,7 @@
 (the built-in `Engine` or the `RemoteEngine` in front of an OpenAI-compatible server), plus the
 capability only the local engine has (admission holds, the KV pool, feed text, the loaded model).
 The app asks `engine.local` for that capability instead of probing attributes: None means remote.
-What both engines do alike is written once, in model_runner/core/base.py; tests/unit/test_interface.py
+What both engines do alike is written once, in model_runner/shared/base.py; tests/unit/test_interface.py
 checks that each engine defines every member declared here, with the same parameters."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # types only: the ground floor imports nothing above it at run time
-    from model_runner.core.feed import EngineFeed
-    from model_runner.core.kv_cache import PagedKVPool
-    from model_runner.core.scheduler import Policy
-    from model_runner.core.sequence import Sequence
-    from model_runner.core.stream import RequestHandle
     from model_runner.loading.loader import LoadedModel, ModelFacts
+    from model_runner.local.kv_cache import PagedKVPool
     from model_runner.remote.facts import RemoteFacts
     from model_runner.request import GenerateParams
+    from model_runner.shared.feed import EngineFeed
+    from model_runner.shared.policy import Policy
+    from model_runner.shared.sequence import Sequence
+    from model_runner.shared.stream import RequestHandle
 
 # Told of each request's end: fn(its sequence, its terminal event as a dict).
 EndListener = Callable[["Sequence", dict[str, Any]], None]

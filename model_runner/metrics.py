@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only read here: the ground floor imports nothing above it
-    from model_runner.core.sequence import Sequence
+    from model_runner.shared.sequence import Sequence
 
 
 def request_metrics(seq: Sequence, end: float) -> dict[str, Any]:

@@ -6,11 +6,11 @@ naming the field and its limit, in the spirit of TGI's messages.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from model_runner.errors import UserError
+from model_runner.fields import check_bool, check_choice, int_field, is_number, json_repr
 
 ROLES = ("system", "user", "assistant", "retrieved")
 DELIVERY_MODES = ("stream", "buffered")
@@ -70,37 +70,8 @@ class GenerateParams:
 # ---- validation -----------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
-
-
-def _int_in(data: dict, name: str, lo: int, hi: int, default: int | None, label: str | None = None) -> int | None:
-    label = label or name
-    if name not in data or data[name] is None:
-        return default
-    value = data[name]
-    if not _is_int(value):
-        raise UserError(f"`{label}` must be an integer between {lo} and {hi}, got {json_repr(value)}", field=label)
-    if not lo <= value <= hi:
-        raise UserError(f"`{label}` must be between {lo} and {hi}, got {value}", field=label)
-    return value
-
-
 def _choice(data: dict, name: str, choices: tuple[str, ...], default: str) -> str:
-    value = data.get(name, default)
-    if value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise UserError(f"`{name}` must be one of {allowed}, got {json_repr(value)}", field=name)
-    return value
-
-
-def json_repr(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else '"' + value[:40] + ('…"' if len(value) > 40 else '"')
-    return text[:60]
+    return check_choice(name, data.get(name, default), choices)
 
 
 def _messages(data: dict) -> tuple[Message, ...]:
@@ -144,16 +115,16 @@ def _sampling(data: dict) -> SamplingParams:
         raise UserError("`sampling` must be an object", field="sampling")
     _refuse_unknown(raw, SAMPLING_FIELDS, "sampling")
     temperature = raw.get("temperature", 0.0)
-    if not _is_number(temperature) or not 0.0 <= temperature <= LIMITS["temperature"]:
+    if not is_number(temperature) or not 0.0 <= temperature <= LIMITS["temperature"]:
         raise UserError(
             f"`sampling.temperature` must be a number between 0 and {LIMITS['temperature']:g}, got {json_repr(temperature)}",
             field="sampling.temperature",
         )
     top_p = raw.get("top_p", 1.0)
-    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
+    if not is_number(top_p) or not 0.0 < top_p <= 1.0:
         raise UserError(f"`sampling.top_p` must be in (0, 1], got {json_repr(top_p)}", field="sampling.top_p")
-    top_k = _int_in(raw, "top_k", 1, LIMITS["top_k"], None, "sampling.top_k")
-    seed = _int_in(raw, "seed", 0, LIMITS["seed"], None, "sampling.seed")
+    top_k = int_field(raw, "top_k", 1, LIMITS["top_k"], None, "sampling.top_k")
+    seed = int_field(raw, "seed", 0, LIMITS["seed"], None, "sampling.seed")
     return SamplingParams(float(temperature), top_k, float(top_p), seed)
 
 
@@ -186,7 +157,7 @@ def _timeout(data: dict) -> float | None:
     value = data.get("timeout_s")
     if value is None:
         return None
-    if not _is_number(value) or not 0 < value <= LIMITS["timeout_s"]:
+    if not is_number(value) or not 0 < value <= LIMITS["timeout_s"]:
         raise UserError(
             f"`timeout_s` must be a number in (0, {LIMITS['timeout_s']:g}], got {json_repr(value)}", field="timeout_s"
         )
@@ -194,10 +165,7 @@ def _timeout(data: dict) -> float | None:
 
 
 def _bool(data: dict, name: str, default: bool) -> bool:
-    value = data.get(name, default)
-    if not isinstance(value, bool):
-        raise UserError(f"`{name}` must be true or false, got {json_repr(value)}", field=name)
-    return value
+    return check_bool(name, data.get(name, default))
 
 
 # The fields a `generate` payload may carry: its parameters, plus `type` and `request_id`, which the
@@ -258,12 +226,12 @@ def parse_generate(data: Any) -> GenerateParams:
         raise UserError("a generate request must be a JSON object", field=None)
     params = GenerateParams(
         messages=_messages(data),
-        max_new_tokens=_int_in(data, "max_new_tokens", 1, LIMITS["max_new_tokens"], 128),
+        max_new_tokens=int_field(data, "max_new_tokens", 1, LIMITS["max_new_tokens"], 128),
         sampling=_sampling(data),
         stop=_stop(data),
         delivery=_choice(data, "delivery", DELIVERY_MODES, "stream"),
         kv_cache=_bool(data, "kv_cache", True),
-        prefill_chunk=_int_in(data, "prefill_chunk", 0, LIMITS["prefill_chunk"], 0),
+        prefill_chunk=int_field(data, "prefill_chunk", 0, LIMITS["prefill_chunk"], 0),
         overflow=_choice(data, "overflow", OVERFLOW_POLICIES, "reject"),
         timeout_s=_timeout(data),
         inspect_attention=_inspect_attention(data),

@@ -5,7 +5,7 @@ machine and writes one JSON file plus a printed summary; exit 1 when a check fai
     .venv/bin/python scripts/gpu_check.py cpu             # a dry run with tiny counts on the CPU (CI runs it)
     .venv/bin/python scripts/gpu_check.py cpu --model default --out /tmp/check.json
 
-1. Decode speed, in-process (model_runner/core/graphs.py): a lone stream and 16 streams together, in
+1. Decode speed, in-process (model_runner/local/graphs.py): a lone stream and 16 streams together, in
    bfloat16 and float32, with CUDA graphs on and off (on the CPU, "on" is the graphs' padded step
    without a graph: the dry run checks the code path, not the speed-up); on CUDA once more in bfloat16
    with SDPA's cuDNN attention off, to say whether it is why bfloat16 ran slower than float32.
@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.class_sim import run_class_sim  # noqa: E402
-from model_runner.core.engine import Engine, EngineConfig  # noqa: E402
-from model_runner.core.scheduler import Policy  # noqa: E402
+from model_runner.local.engine import Engine, EngineConfig  # noqa: E402
 from model_runner.request import parse_generate  # noqa: E402
+from model_runner.shared.policy import Policy  # noqa: E402
 
 QUESTIONS = [
     "What does a KV cache store?",
@@ -74,7 +74,7 @@ SIZES = {
         "why_tokens": 3,
     },
 }
-TARGETS = {"lone_tok_s_graphs": 300, "graphs_speedup": 8, "streams16_tok_s": 3000}  # issue 26, on an H200
+TARGETS = {"lone_tok_s_graphs": 300, "graphs_speedup": 8, "streams16_tok_s": 3000}  # the GPU targets, on an H200
 
 
 T0 = time.monotonic()
@@ -182,7 +182,7 @@ def http(url: str, body: dict | None = None, timeout: float = 600) -> dict:
 
 
 def start_server(device: str, model: str, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--class", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "kvscope.cli", "serve", "--class", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--model", model, "--device", device, "--cuda-graphs", "auto"]
     log = open(ROOT / "artifacts" / "gpu-check-server.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -290,7 +290,7 @@ def environment(device: str) -> dict:
 
 
 def verdicts(report: dict, device: str) -> dict:
-    """Pass/fail of each check; on CUDA also issue 26's speed targets (reported, not failed on)."""
+    """Pass/fail of each check; on CUDA also the GPU speed targets (reported, not failed on)."""
     runs = report["speed"]
     f32 = next(r for r in runs if r["dtype"] == "float32" and r["cuda_graphs"] != "off")
     served_ = report["served"]

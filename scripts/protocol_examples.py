@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default")
     args = parser.parse_args(argv)
 
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
     from model_runner.request import parse_generate
 
     engine = Engine(EngineConfig(model=args.model)).start()

@@ -37,7 +37,7 @@ OUT = ROOT / "static" / "data" / "serving-trace.json"
 def in_process(model: str, dtype: str):
     """(post(name) → (status, body), model facts, close) on an app around a freshly loaded engine."""
     from app import create_app
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
 
     # a busy machine stretches the runs; a request's time limit must not cut an experiment short
     engine = Engine(EngineConfig(model=model, dtype=dtype, timeout_s=600.0)).start()

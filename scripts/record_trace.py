@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
 
     # a busy machine stretches the run; the recording must still be a whole answer, not a timeout
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, timeout_s=RUN_LIMIT_S)).start()

@@ -120,7 +120,7 @@ def free_port() -> int:
 def start_proxy(url: str, engine_config: str | None = None, log_path: Path | None = None) -> tuple:
     """`kvscope serve --engine openai:URL` on a free port; (process, its URL) once it is ready."""
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--engine", f"openai:{url}"]
+    cmd = [sys.executable, "-m", "kvscope.cli", "serve", "--port", str(port), "--engine", f"openai:{url}"]
     if engine_config:
         cmd += ["--engine-config", engine_config]
     out = open(log_path, "w") if log_path else subprocess.DEVNULL

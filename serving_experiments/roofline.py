@@ -1,6 +1,6 @@
 """The roofline: the machine's two ceilings, measured (a matmul's FLOP/s in the kernel the layers run,
 a large copy's bytes/s), and each measured step placed under them by the cost model's FLOPs and bytes
-(model_runner/cost.py), with the roof it could reach, the share it reached and a verdict in words."""
+(formulas/cost.py), with the roof it could reach, the share it reached and a verdict in words."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import functools
 import time
 from typing import Any
 
-from model_runner import cost
+from formulas import cost
+from model_runner.loading.model_shape import shape_of
 
 # A point reaching under half the roof above it is not held back by that roof: the rest of its time goes
 # to launching kernels and bookkeeping. Half, because a kernel-bound step on a quiet machine reaches well
@@ -136,7 +137,7 @@ def point(flops: float, read: float, seconds: float, peak: float, bandwidth: flo
 def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
     """Each measured step as a point under the machine's two ceilings: `prefill` is {tokens, ms}, each of
     `decodes` {batch, context, ms}; FLOPs and bytes from the loaded model's cost Shape, times as measured."""
-    shape = cost.shape_of(loaded)
+    shape = shape_of(loaded)
     facts = loaded.facts
     peak, bandwidth = ceilings(facts.device, shape.route)
     tokens = prefill["tokens"]
@@ -156,7 +157,7 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         "held_by_roof": HELD_BY_ROOF,
         "points": points,
         "basis": f"peak measured on this machine in the kernel the layers run ({_peak_kernel(shape.route)}), "
-        "bandwidth by a 256 MiB copy (bytes read + written); FLOPs and bytes computed by model_runner/cost.py "
+        "bandwidth by a 256 MiB copy (bytes read + written); FLOPs and bytes computed by formulas/cost.py "
         f"from the model's {shape.route} shape; times measured in this run; a point reaching under "
         f"{HELD_BY_ROOF:.0%} of the roof above it is called overhead",
     }

@@ -109,7 +109,7 @@ class Pool:
 
 def start_engine(model: str = "fake", **config):
     """An in-process engine, started and ready."""
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=model, **config)).start()
     engine.wait_ready(ready_timeout(model))
@@ -138,7 +138,7 @@ class JsonLogFormatter(logging.Formatter):
 
 def log_as_json(stream=None) -> None:
     """Route every log record through JsonLogFormatter. Called in the server process before
-    `app.cli.main`, whose `logging.basicConfig` then leaves this root handler in place."""
+    `kvscope.cli.main`, whose `logging.basicConfig` then leaves this root handler in place."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     root = logging.getLogger()
@@ -225,7 +225,7 @@ def free_port() -> int:
 
 # `kvscope serve` exactly as the command runs it, but with log records written as JSON lines.
 SERVE_WITH_JSON_LOG = (
-    "import sys, kvscope_testkit; kvscope_testkit.log_as_json(); from app.cli import main; sys.exit(main())"
+    "import sys, kvscope_testkit; kvscope_testkit.log_as_json(); from kvscope.cli import main; sys.exit(main())"
 )
 
 

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from formulas.kv_math import kv_bytes_per_token
 from model_runner.errors import UserError
-from model_runner.kv_math import kv_bytes_per_token
 from model_runner.loading.routes import (  # the routes' names, also imported from here by callers
     DTYPE_CHOICES,
     DTYPE_HELP,
@@ -57,7 +57,7 @@ class ModelFacts:
     kv_dtype: str = ""  # the paged KV cache's element type
     dtype_route: str = ""  # the --dtype value that reproduces this model: float32, bfloat16, float16, int4 or int8
     dtype_reason: str = ""  # why this route ran (e.g. what `auto` saw on this CPU)
-    cost_shape: dict[str, Any] | None = None  # model_runner/cost.py's Shape as the layers run (the lab's estimates)
+    cost_shape: dict[str, Any] | None = None  # formulas/cost.py's Shape as the layers run (the lab's estimates)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -184,9 +184,9 @@ def read_facts(model, name: str, source: str, device: torch.device, route: Dtype
         dtype_route=route.name if route else name_of,
         dtype_reason=route.reason if route else "",
     )
-    from model_runner import cost
+    from model_runner.loading.model_shape import shape_from_model
 
-    return replace(facts, cost_shape=cost.shape_from_model(model, facts).to_dict())
+    return replace(facts, cost_shape=shape_from_model(model, facts).to_dict())
 
 
 def _eos_ids(tok, model) -> set[int]:

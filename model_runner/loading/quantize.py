@@ -302,10 +302,6 @@ def quantize_int8(model: nn.Module) -> int:
 QUANTIZED = (Int8Linear, Int4Linear, RescoredHead)
 
 
-def is_quantized(model: nn.Module) -> bool:
-    return any(isinstance(m, QUANTIZED) for m in model.modules())
-
-
 def weight_count_and_bytes(model: nn.Module) -> tuple[int, int]:
     """(weights, bytes they occupy): float parameters (tied ones once) and the quantized layers' tensors
     (packed weights, scales, biases, float weights kept for prefill or rescoring), each tensor once."""

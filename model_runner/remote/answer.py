@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 from model_runner import events as ev
-from model_runner.core.sequence import Sequence
-from model_runner.core.stream import RequestHandle
 from model_runner.metrics import request_metrics
 from model_runner.remote.http import Connection, RemoteFailure
+from model_runner.shared.sequence import Sequence
+from model_runner.shared.stream import RequestHandle
 
 STOP_REASONS = {"length": "max_tokens", "stop": "eos"}  # OpenAI finish_reason → kvscope's
 

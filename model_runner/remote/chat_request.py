@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from model_runner import events as ev
-from model_runner.core.sequence import Sequence
 from model_runner.errors import UserError
 from model_runner.remote.facts import NOT_VISIBLE
 from model_runner.request import GenerateParams
+from model_runner.shared.endings import accepted_event as shared_accepted
+from model_runner.shared.sequence import Sequence
 from model_runner.text.prompt import PromptView
 
 
@@ -49,18 +50,9 @@ def accepted_event(seq: Sequence, view: PromptView | None, context_window: int |
         if view
         else {"action": "none", "prompt_tokens": None, "max_new_tokens": p.max_new_tokens, "provenance": NOT_VISIBLE}
     )
-    return ev.Accepted(
-        request_id=seq.id,
-        t_ms=seq.ms_since_submit(),
-        prompt_tokens=view.prompt_tokens if view else None,
-        content_tokens=view.content_tokens if view else None,
-        template_tokens=view.template_tokens if view else None,
-        max_new_tokens=seq.max_new_tokens,
-        context_window=context_window,
-        budget=budget,
-        delivery=p.delivery,
-        kv_cache=True,
-        prefill_chunk=0,
+    counts = (view.prompt_tokens, view.content_tokens, view.template_tokens) if view else (None, None, None)
+    return shared_accepted(
+        seq, counts=counts, budget=budget, context_window=context_window, kv_cache=True, prefill_chunk=0
     )
 
 

@@ -17,11 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_runner import events as ev
-from model_runner.core.base import EngineBase
-from model_runner.core.feed import EngineFeed
-from model_runner.core.scheduler import Policy
-from model_runner.core.sequence import Sequence
-from model_runner.core.stream import RequestHandle
 from model_runner.errors import UserError
 from model_runner.remote.answer import RemoteRequest
 from model_runner.remote.chat_request import accepted_event, chat_body, refuse_unsupported
@@ -36,6 +31,12 @@ from model_runner.remote.facts import (
 )
 from model_runner.remote.http import Connection, RemoteFailure, get, parse_url, refused, sse_data
 from model_runner.request import GenerateParams
+from model_runner.shared.base import EngineBase
+from model_runner.shared.endings import publish_end
+from model_runner.shared.feed import EngineFeed
+from model_runner.shared.policy import Policy
+from model_runner.shared.sequence import Sequence
+from model_runner.shared.stream import RequestHandle
 from model_runner.text.prompt import PromptView, plan
 
 log = logging.getLogger("kvscope.remote")
@@ -77,7 +78,6 @@ class RemoteEngine(EngineBase):
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: dict[str, Any] = {}  # the server's /metrics, parsed, with when and whether it answered
-        self._failed_listeners: set[int] = set()  # listeners whose failure was logged once already
         self._headers = {"Authorization": f"Bearer {os.environ[API_KEY_ENV]}"} if os.environ.get(API_KEY_ENV) else {}
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -312,17 +312,9 @@ class RemoteEngine(EngineBase):
             req.ended = True
         with self._lock:
             self._active.pop(req.seq.key, None)
-        self._tell_listeners(req.seq, terminal.to_dict())  # before the client sees its end, as Engine does
+        self._tell_end_listeners(req.seq, terminal.to_dict())  # before the client sees its end, as Engine does
         req.handle.finish(terminal)
-        self.feed.publish(
-            "engine_end",
-            request=req.seq.key,
-            label=req.seq.label,
-            outcome=terminal.type,
-            reason=getattr(terminal, "reason", None) or getattr(terminal, "code", None),
-            tokens=len(req.seq.output_ids),
-            blocks_freed=None,
-        )
+        publish_end(self.feed, req.seq, terminal, None)  # the blocks are the remote server's: not visible
 
     # ---- what the app reads ------------------------------------------------------------------------
 
@@ -341,15 +333,6 @@ class RemoteEngine(EngineBase):
             "set them when you start that server (e.g. vLLM's --max-num-seqs, --enable-prefix-caching)",
             code="not_supported",
         )
-
-    def _tell_listeners(self, seq: Sequence, terminal: dict[str, Any]) -> None:
-        for listener in self._end_listeners:
-            try:
-                listener(seq, terminal)
-            except Exception as exc:  # an observer's bug never reaches the request; said once per listener
-                if id(listener) not in self._failed_listeners:
-                    self._failed_listeners.add(id(listener))
-                    log.warning("end listener %r failed on a remote request: %s: %s", listener, type(exc).__name__, exc)
 
     def snapshot(self) -> dict[str, Any]:
         """What kvscope sees: its own requests in flight (measured here) and the server's /metrics

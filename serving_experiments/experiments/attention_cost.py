@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runner import cost
+from formulas import cost
+from model_runner.loading.model_shape import shape_of
 from model_runner.metrics import percentile
 from model_runner.request import parse_generate
 from model_runner.text.prompt import render
@@ -149,7 +150,7 @@ def fitted(points: list[dict]) -> dict | None:
 def floor_of(loaded) -> dict:
     """The weights-only floor and the KV slope the machine's bandwidth implies (computed: cost.py's bytes,
     the roofline's measured copy bandwidth)."""
-    shape = cost.shape_of(loaded)
+    shape = shape_of(loaded)
     _, bandwidth = roofline.ceilings(loaded.facts.device, shape.route)
     weights = cost.weight_bytes_read(shape, 1, decode=True)
     return {
@@ -164,7 +165,7 @@ def floor_of(loaded) -> dict:
 
 def summary(engine, points: list[dict], limit: dict, not_reached: list[int]) -> dict[str, Any]:
     loaded = engine.local.loaded
-    shape = cost.shape_of(loaded)
+    shape = shape_of(loaded)
     for p in points:
         p["kv_bytes_read"] = None if p["cached_positions"] is None else cost.kv_bytes_read(shape, p["cached_positions"])
     stopped = None

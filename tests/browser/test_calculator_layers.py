@@ -14,7 +14,7 @@ from calculator_page import CALC, field, open_calc, out
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 
-from model_runner import kv_config, kv_layers, kv_math
+from formulas import kv_config, kv_layers, kv_math
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "static/data/kv_golden.json").read_text())

@@ -1,4 +1,4 @@
-"""The projector view fits one screen (issue 27): at 1280×720 and 1920×1080 every panel's box (join,
+"""The projector view fits one screen: at 1280×720 and 1920×1080 every panel's box (join,
 lanes, batch grid, block map, counters, the teacher's bar) lies inside the viewport with nothing to
 scroll, the main controls (pause, cancel all, show prompts, the two policies) in view and the detail
 controls folded; at 375 px the page is one scrolling column with nothing cut off at the side. The batch

@@ -1,5 +1,5 @@
 """static/js/shared/cost.js in Chromium against static/data/cost_golden.json: the same cases
-model_runner/cost.py reproduces (tests/unit/test_cost.py), fetched by the page from the shipped file."""
+formulas/cost.py reproduces (tests/unit/test_cost.py), fetched by the page from the shipped file."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_bad_counts_name_the_field_and_the_limit(js, call, message):
 
 
 def test_the_labs_decode_bandwidth_reads_what_the_route_reads(js):
-    """Issue 24: the lab's "decode GB/s (est.)" counted the whole float32 embedding as read (about 1.9x
+    """The lab's "decode GB/s (est.)" counted the whole float32 embedding as read (about 1.9x
     too high on int4/int8). One second a step at context 0 gives the bytes one step reads."""
     read, held, one_step = js("""
       const shape = G.shapes['smollm2-135m-int4'];

@@ -2,7 +2,7 @@
 holds a digit in the walkthrough, the calculator and the lab (after a fake-model run) and fails on one
 that is not inside an element carrying a provenance: a `.tag` label, or `[data-provenance]` set to
 measured / computed / cited / schematic / hypothetical on an element below the section. Also the
-fact-check's corrections (issue 16): the sentences that were wrong stay right."""
+fact-check's corrections: the sentences that were wrong stay right."""
 
 from __future__ import annotations
 

@@ -628,18 +628,19 @@ def test_refusals_are_reported_and_the_recorded_run_stays(page, fake_server, con
 
 
 def test_the_math_module_on_its_own(page, fake_server, console_errors):
-    """static/js/serving/math.js, imported alone: the arithmetic the figures draw with."""
+    """static/js/serving/math.js and shared/roofline.js, imported alone: the arithmetic the figures draw with."""
     serve_trace(page)
     page.goto(fake_server.url + "/")
     got = page.evaluate("""async () => {
       const m = await import('/static/js/serving/math.js');
+      const rl0 = await import('/static/js/shared/roofline.js');
       const rl = { peak_flops_s: 2e11, bandwidth_bytes_s: 2e10 };
       return {
         passes: m.tokenPasses(1000, 500), small: m.tokenPasses(3, 2),
         budget: m.contextUse({ content: 1000, template: 38, maxNew: 200, window: 4096 }),
         over: m.contextUse({ content: 3950, template: 0, maxNew: 200, window: 4096 }),
         bad: [m.checkCount('prompt', 0), m.checkCount('reply', 2.5), m.checkCount('prompt', 100000)],
-        ridge: m.ridge(rl), roof: [m.roof(1, rl), m.roof(100, rl)], decades: m.decades([0.58, 28.2]),
+        ridge: rl0.ridge(rl), roof: [rl0.roof(1, rl), rl0.roof(100, rl)], decades: m.decades([0.58, 28.2]),
         free: m.freeSlots({ cells: { A: 'decode', B: 'done', C: 'prefill', D: 'waiting' } }, 3),
         peak: m.peakFrame([{ owners: ['A', null] }, { owners: ['A', 'B'] }, { owners: [null, 'B'] }]),
         tokens: ['\\n', '  ', '', ' the'].map(m.visibleToken),

@@ -26,6 +26,8 @@ def js(page, static_url):
           const stages = await import('/static/js/walkthrough/stages.js');
           const layout = await import('/static/js/walkthrough/layout.js');
           const context = await import('/static/js/walkthrough/context.js');
+          const route = await import('/static/js/shared/route.js');
+          const roofline = await import('/static/js/shared/roofline.js');
           const T = await (await fetch('/static/data/trace-example.json')).json();
           {body}
         }}""",
@@ -190,10 +192,10 @@ def test_the_route_is_read_from_either_recording_format(js):
         context.runRoute(run({ route: { dtype_route: 'int4', weights_dtype: 'int4' } }, { dtype: 'float32' })),
         context.runRoute(run({}, { dtype_route: 'int8', dtype: 'float32' })),
         context.runRoute(run(null, { dtype: 'float32' })),
-        context.servingRoute({ recordedOn: { model: 'M (Q4_1 GGUF), int4' } }),
-        context.servingRoute({ recordedOn: { route: { dtype_route: 'int8' }, model: 'M, int4' } }),
-        context.servingRoute({ recordedOn: {} }, { machine: { route: 'bfloat16' } }),
-        context.servingRoute({ recordedOn: {} }),
+        route.servingRoute({ recordedOn: { model: 'M (Q4_1 GGUF), int4' } }),
+        route.servingRoute({ recordedOn: { route: { dtype_route: 'int8' }, model: 'M, int4' } }),
+        route.servingRoute({ recordedOn: {} }, { machine: { route: 'bfloat16' } }),
+        route.servingRoute({ recordedOn: {} }),
       ];""")
     assert got == ["int4", "int8", "float32", "int4", "int8", "bfloat16", None]
 
@@ -213,7 +215,7 @@ def test_machine_and_load_come_from_either_field_naming(js):
 def test_a_points_verdict_is_its_own_when_recorded_else_its_position(js):
     got = js("""
       const rl = { peak_flops_s: 100, bandwidth_bytes_s: 10, ridge_intensity: 10 };
-      const v = (p) => { const r = context.pointVerdict(p, rl); return [r.side, r.verdict, Math.round(r.share * 100)]; };
+      const v = (p) => { const r = roofline.pointVerdict(p, rl); return [r.side, r.verdict, Math.round(r.share * 100)]; };
       return [v({ intensity: 2, flops_s: 5 }), v({ intensity: 50, flops_s: 25 }),
               v({ intensity: 2, flops_s: 5, share: 0.3, verdict: 'below both roofs: overhead' })];""")
     assert got == [

@@ -1,4 +1,4 @@
-"""The walkthrough's "what the newest token read" in Chromium (issue 28): scrolled to the decode and
+"""The walkthrough's "what the newest token read" in Chromium: scrolled to the decode and
 cache stages, the strip, the figure's token row and its cache columns light exactly the top positions of the recorded
 trace's `attention` event for the newest token, for all layers and for layers picked with the slider's
 keys (which must not turn the stage), and for an answer token pointed at or focused; a live run on the

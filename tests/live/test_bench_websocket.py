@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from app.cli import main
 from bench.clients import Job, WebSocketClient, run_jobs
 from bench.runner import totals
 from bench.stats import SCHEMA, validate
+from kvscope.cli import main
 
 
 @pytest.fixture

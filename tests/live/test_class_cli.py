@@ -39,7 +39,7 @@ def class_server(tmp_path_factory):
     env = {**os.environ, "KVSCOPE_TEACHER_KEY": KEY, "PYTHONUNBUFFERED": "1"}
     with open(out, "w") as stdout, open(err, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--class", "--port", str(port), "--model", "fake"],
+            [sys.executable, "-m", "kvscope.cli", "serve", "--class", "--port", str(port), "--model", "fake"],
             cwd=ROOT,
             env=env,
             stdout=stdout,
@@ -132,7 +132,7 @@ def test_class_sim_against_a_fake_model_server_ends_every_request_exactly_once(t
         report = tmp_path / "summary.json"
         pythonpath = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
         result = subprocess.run(
-            [sys.executable, "-m", "app.cli", "class-sim", "--url", server.url, "--students", "6"]
+            [sys.executable, "-m", "kvscope.cli", "class-sim", "--url", server.url, "--students", "6"]
             + ["--minutes", "0.12", "--seed", "3", "--short", "--json", str(report)],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": pythonpath},
@@ -157,7 +157,7 @@ def test_class_sim_against_a_fake_model_server_ends_every_request_exactly_once(t
 )
 def test_class_sim_refuses_bad_sizes_in_one_line(args, words):
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "class-sim", "--url", "http://127.0.0.1:9", *args],
+        [sys.executable, "-m", "kvscope.cli", "class-sim", "--url", "http://127.0.0.1:9", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -11,7 +11,9 @@ import pytest
 
 
 def serve(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope.cli", "serve", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoints (app/openai_api.py) with the official `openai` client against a
+"""The OpenAI-compatible endpoints (app/openai/routes.py) with the official `openai` client against a
 live gunicorn server: chat and legacy completions give the same greedy answer and token counts as
 the WebSocket protocol, streamed or not, under the model's own id and a `--served-model-name` alias;
 an unknown model is openai.NotFoundError; logprobs, field errors in OpenAI's shape, and a stream

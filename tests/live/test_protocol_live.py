@@ -144,7 +144,7 @@ CASES = {
         "v",
         "invalid_request",
         "max_new_tokens",
-        "`max_new_tokens` must be between 1 and 1024, got 0",
+        "`max_new_tokens` must be an integer between 1 and 1024, got 0",
     ),
     "max_new_tokens as text": ({**GOOD, "max_new_tokens": "ten"}, "v", "invalid_request", "max_new_tokens", "integer"),
     "NaN temperature": (

@@ -35,7 +35,7 @@ def proxy(live_server, slow_server):
 )
 def test_bad_engine_arguments_give_one_line(args, words):
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kvscope.cli", "serve", *args], capture_output=True, text=True, timeout=60
     )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr

@@ -23,7 +23,7 @@ QUESTIONS = [
 MAX_NEW = [24, 8, 20, 16, 12, 24, 6, 18]  # different output lengths: requests leave the batch at different steps
 # Answers batched = alone, of 8. float32: every one. The default route (int4 on AVX2/AVX-512) rounds a
 # decode step's matmul inputs to bfloat16, so a batch's last-bit differences in attention can still move
-# a near-tie; its float32 logits keep that to issue 25's bound (docs/performance.md measures it).
+# a near-tie; its float32 logits keep that to the guard's bound (docs/performance.md measures it).
 IDENTICAL_OF_8 = {"float32": 8, "auto": 7}
 
 

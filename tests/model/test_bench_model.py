@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 from datetime import datetime, timezone
 
-from app.cli import build_parser
 from bench import runner as bench
 from bench.clients import InProcessClient
 from bench.report import print_report
 from bench.stats import SCHEMA, validate
+from kvscope.cli import build_parser
 
 
 def test_small_bench_on_the_real_model(real_engine):

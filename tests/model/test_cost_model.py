@@ -1,6 +1,6 @@
 """The cost model on the product's model as it runs (the CPU's default route): the golden SmolLM2 shape is
 what the loaded model holds, its held bytes are what its tensors occupy, and the roofline places batch-1
-decode at 2 x 134.5M FLOPs per token plus attention (issue 24)."""
+decode at 2 x 134.5M FLOPs per token plus attention."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from model_runner import cost
+from formulas import cost
+from model_runner.loading.model_shape import shape_of
 from serving_experiments import roofline
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/cost_golden.json").read_text())
@@ -17,7 +18,7 @@ GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/cost_gol
 
 def test_the_golden_shape_is_the_loaded_model(real_engine):
     loaded = real_engine.local.loaded
-    shape = cost.shape_of(loaded)
+    shape = shape_of(loaded)
     name = f"smollm2-135m-{shape.route}" + ("-float-prefill" if shape.float_prefill else "")  # per the CPU's route
     golden = {k: v for k, v in GOLDEN["shapes"][name].items() if k != "source"}
     assert shape == cost.Shape(**golden)
@@ -33,7 +34,7 @@ def test_batch_one_decode_on_the_default_route(real_engine, monkeypatch):
     flops = decode["flops_s"] * step_ms / 1000
     attention = 4 * 30 * 9 * 64 * (context + 1)
     assert flops == pytest.approx(2 * 134.5e6 + attention, rel=0.03)
-    shape = cost.shape_of(loaded)
+    shape = shape_of(loaded)
     if shape.quantized:  # the 113 MB float32 embedding is held but not read: one row, and 32 rescored rows;
         # the float32 layer copies kept for prompts (float_prefill) are held but not read by a decode step
         kept_for_prompts = 106_168_320 * 4 if shape.float_prefill else 0

@@ -1,4 +1,4 @@
-"""docs/protocol.md's JSON examples against the real default model (issue 16): every example parses,
+"""docs/protocol.md's JSON examples against the real default model: every example parses,
 every token id shown decodes to the text shown next to it, the counts are the tokenizer's, and the
 timing numbers of an example follow from its own numbers. The examples are written by
 scripts/protocol_examples.py from a real run; this checks what is on the page, not the script."""

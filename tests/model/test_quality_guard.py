@@ -1,6 +1,6 @@
 """Quality guard for the fast CPU default: greedy answers of what `--dtype auto` runs on this CPU (int4
 on AVX2 and AVX-512) against float32's on the fixed chat prompts of static/data/quality_prompts.json,
-one request at a time, token for token; issue 25's bound (identical on at least 20 of 24), and the
+one request at a time, token for token; the guard's bound (identical on at least 20 of 24), and the
 share of tokens docs/performance.md states."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from bench.dtypes import agreement, quality_messages, quality_prompts
 from model_runner.request import parse_generate
 
 NEW_TOKENS = 32
-# Per route `auto` can pick: answers identical over all 32 tokens (issue 25: 20 of 24), and float32's
+# Per route `auto` can pick: answers identical over all 32 tokens (20 of 24), and float32's
 # tokens produced before an answer's first difference (docs/performance.md: 92 % measured under AVX2).
 MIN_SHARES = {"int4": (20 / 24, 0.85)}
 

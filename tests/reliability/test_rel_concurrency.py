@@ -9,8 +9,8 @@ import time
 import pytest
 from kvscope_testkit import WAIT_S, Client, terminals
 
-from model_runner.core.config import POLICY
 from model_runner.loading.fake import ANSWER
+from model_runner.local.config import POLICY
 
 ORDER = ["accepted", "queued", "prefill_start", "prefill_end"]
 

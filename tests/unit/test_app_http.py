@@ -7,8 +7,8 @@ import pytest
 
 from app import create_app
 from app.security import normalize_origin, split_host
-from model_runner.core.engine import Engine, EngineConfig
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
 
 CONVERSATION = {
     "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],

@@ -15,10 +15,11 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import blocks_mb, events_of, wait_until
 
-from model_runner.core.feed import EngineFeed
-from model_runner.core.scheduler import WAIT_STATIC, Policy
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
+from model_runner.local.scheduler import WAIT_STATIC
+from model_runner.shared.feed import EngineFeed
+from model_runner.shared.policy import Policy
 
 TERMINAL = ("finished", "cancelled", "error")
 QUESTION = "Tell me about caches."  # with the fake's default system prompt: 76 tokens, 5 blocks of 16

@@ -11,14 +11,15 @@ import json
 
 import pytest
 
-from app.cli import main
 from bench import report as bench_report
 from bench import runner as bench
 from bench.clients import InProcessClient, Job, run_jobs
 from bench.runner import FULL, QUICK, Grid, cells_of, fit_prompt, ratio_report, totals
 from bench.stats import SCHEMA, describe, validate
-from model_runner import cost
+from formulas import cost
+from kvscope.cli import main
 from model_runner.loading import loader
+from model_runner.loading.model_shape import shape_of
 from model_runner.metrics import percentile
 from model_runner.request import parse_generate
 
@@ -147,7 +148,7 @@ def test_one_of_each_failure_is_counted_in_the_totals(slow_engine):
 
 
 def _cell(engine, records, wall) -> dict:
-    from app.cli import build_parser
+    from kvscope.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--model", "fake"])
     target = bench.Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
@@ -233,7 +234,7 @@ def int8_report(tmp_path_factory):
 
 
 def test_the_estimates_are_the_cost_models_counts_over_the_measured_times(int8_report):
-    shape = cost.shape_of(loader.load("fake", "cpu", "int8"))
+    shape = shape_of(loader.load("fake", "cpu", "int8"))
     compared = [c for c in int8_report["comparisons"] if c["estimates"]]
     assert compared
     for c in compared:

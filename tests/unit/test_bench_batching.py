@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from app.cli import main
 from bench import baselines, class_scenario
 from bench.batching_report import SCHEMA
 from bench.ratios import greedy_equality, run_summary
 from bench.stats import validate
+from kvscope.cli import main
 from model_runner.metrics import percentile
 
 

@@ -1,4 +1,4 @@
-"""`kvscope serve --class` before the server starts (app/class_start.py with app/cli.py): the class's
+"""`kvscope serve --class` before the server starts (app/classroom/start.py with kvscope/cli.py): the class's
 default policy (chunked prefill 64 and prefix caching on, each turned off by its flag, the environment
 and other flags kept), the start banner's policy line, and the LAN host names and URLs."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.class_start import CLASS_POLICY, REMOTE_POLICY_LINE, class_policy, class_setup
-from app.cli import build_parser, policy_of
-from model_runner.core import config as engine_defaults
+from app.classroom.start import CLASS_POLICY, REMOTE_POLICY_LINE, class_policy, class_setup
+from kvscope.cli import build_parser, policy_of
+from model_runner.local import config as engine_defaults
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Classroom mode (app/classroom.py, the room in app/room.py) over Flask's test client and fake
+"""Classroom mode (app/classroom/routes.py, the room in app/classroom/room.py) over Flask's test client and fake
 sockets on the fake model: the teacher's key (constant-time, never logged), settings validation,
 pause and cancel-all through the engine, per-laptop cap and rate limit, "show prompts" per request,
 follow-me, the class_state / class_stats / engine_submit shapes, LAN Host names and "laptop N" labels;
@@ -15,11 +15,13 @@ import threading
 import pytest
 from kvscope_testkit import ask, events_of, wait_until
 
-from app import classroom, create_app
-from app.room import CANCEL_CAUSE
+from app import create_app
+from app.classroom import routes as classroom
+from app.classroom.room import CANCEL_CAUSE
 from app.session import SessionSettings, run_session
-from model_runner.core.scheduler import WAIT_PAUSED, Policy
+from model_runner.local.scheduler import WAIT_PAUSED
 from model_runner.metrics import percentile
+from model_runner.shared.policy import Policy
 
 pytestmark = pytest.mark.unit
 
@@ -215,10 +217,10 @@ def test_off_class_mode_a_loopback_caller_is_the_teacher(fake_engine):
     [
         ({"paused": "yes"}, "paused", "true or false"),
         ({"show_prompts": 1}, "show_prompts", "true or false"),
-        ({"per_laptop_cap": 0}, "per_laptop_cap", "from 1 to 32"),
-        ({"per_laptop_cap": 2.5}, "per_laptop_cap", "from 1 to 32"),
-        ({"rate_per_min": 601}, "rate_per_min", "from 1 to 600 or null"),
-        ({"rate_per_min": True}, "rate_per_min", "from 1 to 600"),
+        ({"per_laptop_cap": 0}, "per_laptop_cap", "between 1 and 32"),
+        ({"per_laptop_cap": 2.5}, "per_laptop_cap", "between 1 and 32"),
+        ({"rate_per_min": 601}, "rate_per_min", "between 1 and 600 or null"),
+        ({"rate_per_min": True}, "rate_per_min", "between 1 and 600"),
         ({"volume": 11}, "volume", "not a class setting"),
     ],
 )

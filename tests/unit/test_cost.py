@@ -1,4 +1,4 @@
-"""model_runner.cost against the golden cases in static/data/cost_golden.json (tests/browser/test_cost_js.py
+"""formulas.cost against the golden cases in static/data/cost_golden.json (tests/browser/test_cost_js.py
 checks the JS twin against the same file), and the golden shapes against the models they name."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_runner import cost
+from formulas import cost
 from model_runner.loading import loader
+from model_runner.loading.model_shape import shape_from_model, shape_of
 from model_runner.loading.routes import float_prefill_for
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/cost_golden.json").read_text())
@@ -49,17 +50,17 @@ def test_the_golden_tiny_shapes_are_the_fake_model_as_loaded(fake):
         expected = dataclasses.replace(
             expected, float_prefill=float_prefill_for(torch.backends.cpu.get_cpu_capability())
         )
-    assert cost.shape_of(fake) == expected
+    assert shape_of(fake) == expected
 
 
 def test_the_formula_for_held_bytes_is_what_the_tensors_hold(fake):
     """The route's byte formula (int4 groups with scale and minimum, int8 rows with a scale) against the
     bytes the loaded model's tensors occupy, counted by model_runner/loading/quantize.py."""
-    assert cost.weight_bytes_held(cost.shape_of(fake)) == fake.facts.weights_bytes
+    assert cost.weight_bytes_held(shape_of(fake)) == fake.facts.weights_bytes
 
 
 def test_quantizing_leaves_the_multiplied_weights_alone():
-    float32, int4 = (cost.shape_of(loader.load("fake", "cpu", r)) for r in ("float32", "int4"))
+    float32, int4 = (shape_of(loader.load("fake", "cpu", r)) for r in ("float32", "int4"))
     assert int4.matmul_params == float32.matmul_params and int4.quantized_params == int4.matmul_params
     # the same weights multiplied; the quantized head also scores 32 candidates again in float32
     assert cost.decode_flops(int4, 10) - cost.decode_flops(float32, 10) == 2 * cost.RESCORED * 32
@@ -83,7 +84,7 @@ def test_float_weights_kept_for_prefill_are_held_and_read_by_long_calls():
     quantize.quantize_int4(model, keep_float=True)
     route = loader.DtypeRoute("int4", torch.float32, "int4", "a test", float_prefill=True)
     facts = loader.read_facts(model, "fake", "fake", torch.device("cpu"), route)
-    shape = cost.shape_from_model(model, facts)
+    shape = shape_from_model(model, facts)
     assert shape == cost.Shape(**{**golden_shape("tiny-int4").to_dict(), "float_prefill": True})
     assert cost.weight_bytes_held(shape) == facts.weights_bytes
     short, long = cost.layer_bytes_read(shape, cost.FLOAT_ROWS - 1), cost.layer_bytes_read(shape, cost.FLOAT_ROWS)
@@ -96,7 +97,7 @@ def test_float_weights_kept_for_prefill_are_held_and_read_by_long_calls():
 
 
 def test_batch_one_decode_on_the_default_route_is_two_times_all_weights():
-    """Issue 24: quantizing unties the head, and the old count subtracted the embedding twice (77.9M
+    """Quantizing unties the head, and the old count subtracted the embedding twice (77.9M
     "non-embedding" weights, decode FLOPs 21-26 % low). Batch-1 decode is 2 x 134.5M FLOPs plus attention."""
     shape = golden_shape("smollm2-135m-int4")
     assert shape.non_embedding_params == pytest.approx(106.2e6, rel=1e-3)

@@ -14,8 +14,6 @@ from kvscope_testkit import ask, events_of
 from torch import nn
 
 from bench import dtypes as bench_dtypes
-from model_runner.core.scheduler import Work
-from model_runner.core.sequence import Sequence
 from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.loading.fake import ANSWER
@@ -32,6 +30,8 @@ from model_runner.loading.quantize import (
     weight_count_and_bytes,
 )
 from model_runner.loading.routes import float_prefill_for
+from model_runner.local.scheduler import Work
+from model_runner.shared.sequence import Sequence
 
 ROUTES = {  # --dtype → (weights dtype, KV dtype, bytes per KV element, quantized)
     "float32": ("float32", "float32", 4, False),
@@ -226,7 +226,7 @@ def _work(kind: str, tokens: int, cached: int, chunked: bool = True) -> Work:
 
 @pytest.mark.parametrize(("capability", "limit"), [("AVX512", 40), ("AVX2", FLOAT_ROWS - 1)])
 def test_which_steps_run_on_the_kernels(monkeypatch, capability, limit):
-    from model_runner.core.forward import on_kernels
+    from model_runner.local.forward import on_kernels
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     decodes = [_work("decode", 1, 5) for _ in range(8)]
@@ -241,9 +241,9 @@ def test_which_steps_run_on_the_kernels(monkeypatch, capability, limit):
 def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
     """For each quantized layer's call in one BatchForward step over `work` (the head's included): its rows and
     whether it ran on the float32 weights."""
-    from model_runner.core.forward import BatchForward
-    from model_runner.core.kv_cache import PagedKVPool
     from model_runner.loading import quantize
+    from model_runner.local.forward import BatchForward
+    from model_runner.local.kv_cache import PagedKVPool
 
     loaded = loader.load("fake", "cpu", "int4")
     monkeypatch.setattr(quantize, "_prompt_rows", spy := _Spy(quantize._prompt_rows))

@@ -8,11 +8,11 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import events_of, wait_until
 
-import model_runner.core.runner as runner
-from model_runner.core.scheduler import Policy
+import model_runner.local.runner as runner
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.request import parse_generate
+from model_runner.shared.policy import Policy
 
 
 def run_all(engine, params, request_id="r"):
@@ -345,7 +345,7 @@ def test_a_vanishing_temperature_samples_like_greedy_instead_of_failing(fake_eng
 
 
 def test_a_failure_choosing_one_requests_token_ends_that_request_only(engine_factory, monkeypatch):
-    import model_runner.core.postprocess as postprocess
+    import model_runner.local.postprocess as postprocess
 
     engine = engine_factory("fake:delay=20")
     choose = postprocess.choose

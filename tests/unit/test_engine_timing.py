@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import model_runner.core.postprocess as postprocess
+import model_runner.local.postprocess as postprocess
 from model_runner.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +46,8 @@ def test_queue_prefill_and_ttft_tile_the_request_on_the_engines_own_stamps(engin
 
 
 def test_a_request_cancelled_while_queued_has_only_queue_time():
-    from model_runner.core.sequence import Sequence
     from model_runner.metrics import request_metrics
+    from model_runner.shared.sequence import Sequence
 
     seq = Sequence(id="q", params=parse_generate({"messages": HELLO}), submitted_at=100.0)
     m = request_metrics(seq, 100.25)

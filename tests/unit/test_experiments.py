@@ -12,7 +12,8 @@ from kvscope_testkit import blocks_mb, wait_until
 
 from app import create_app
 from app.experiments import LOCK_KEY
-from model_runner import cost
+from formulas import cost
+from model_runner.loading.model_shape import shape_of
 from model_runner.metrics import percentile
 from serving_experiments.contract import check_response
 from serving_experiments.experiments.attention_cost import line_fit
@@ -203,7 +204,7 @@ def test_bad_params_name_the_field_and_limit(fake_app, name, params, field):
 
 
 def test_unknown_experiment_and_model_loading(fake_app):
-    from model_runner.core.engine import Engine, EngineConfig
+    from model_runner.local.engine import Engine, EngineConfig
 
     app, _ = fake_app
     response = post(app, "nope")
@@ -398,7 +399,7 @@ def test_attention_cost_fit_and_floor_come_from_the_points_and_cost_model(fake_a
     intercept, slope = line_fit([p["cached_positions"] for p in points], [p["step_ms"] for p in points])
     assert result["fit"]["intercept_ms"] == pytest.approx(intercept, abs=1e-3)
     assert result["fit"]["slope_us_per_1k_positions"] == pytest.approx(slope * 1e6, abs=1e-2)
-    shape = cost.shape_of(engine.local.loaded)
+    shape = shape_of(engine.local.loaded)
     weights = cost.weight_bytes_read(shape, 1, decode=True)
     assert result["floor"]["weight_bytes"] == weights
     assert result["floor"]["floor_ms"] == pytest.approx(weights / fixed_ceilings * 1000, abs=1e-3)

@@ -1,4 +1,4 @@
-"""The feed's step history (model_runner/core/feed.py): a subscriber that catches up gets the engine's
+"""The feed's step history (model_runner/shared/feed.py): a subscriber that catches up gets the engine's
 last STEP_HISTORY steps from before it subscribed, marked `history`, then the live events, with no
 step twice and none missed even while steps are being published; live losses are counted as before;
 the class seat catches up as it subscribes; and no step carries prompt text, history included."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kvscope_testkit import ask, events_of
 
-from app.room import Room
-from model_runner.core.feed import STEP_HISTORY, EngineFeed
+from app.classroom.room import Room
+from model_runner.shared.feed import STEP_HISTORY, EngineFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,11 +9,11 @@ import inspect
 
 import pytest
 
-from model_runner.core.base import EngineBase
-from model_runner.core.engine import Engine, EngineConfig
 from model_runner.interface import EngineInterface, LocalControls
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
 from model_runner.remote.engine import RemoteConfig, RemoteEngine
+from model_runner.shared.base import EngineBase
 
 PROTOCOL_MACHINERY = {"_is_protocol", "_is_runtime_protocol"}
 

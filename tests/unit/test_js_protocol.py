@@ -221,12 +221,13 @@ def test_every_server_name_the_scripts_read_is_declared():
 # ---- the engine feed and the class messages: built as dicts, so checked against the names the server uses -----
 
 FEED_SOURCES = (
-    "model_runner/core/engine.py",
-    "model_runner/core/announce.py",
-    "model_runner/core/kv_cache.py",
-    "model_runner/core/feed.py",
-    "app/classroom.py",
-    "app/room.py",
+    "model_runner/local/engine.py",
+    "model_runner/local/announce.py",
+    "model_runner/local/kv_cache.py",
+    "model_runner/shared/feed.py",
+    "model_runner/shared/endings.py",
+    "app/classroom/routes.py",
+    "app/classroom/room.py",
     "app/session.py",
 )
 
@@ -268,9 +269,9 @@ def test_every_feed_type_and_field_the_page_reads_is_one_the_server_sends():
 
 
 def test_policy_and_class_settings_match_their_dataclasses():
-    assert SPEC["policy"] == _dataclass_fields("model_runner/core/scheduler.py", "Policy")
-    assert SPEC["class_settings"] == _dataclass_fields("app/room.py", "Settings")
-    assert set(SPEC["class_info"]) <= _server_names("app/classroom.py")
+    assert SPEC["policy"] == _dataclass_fields("model_runner/shared/policy.py", "Policy")
+    assert SPEC["class_settings"] == _dataclass_fields("app/classroom/room.py", "Settings")
+    assert set(SPEC["class_info"]) <= _server_names("app/classroom/routes.py")
     assert set(SPEC["experiments_list"]) <= _server_names("app/experiments.py")
 
 

@@ -1,4 +1,4 @@
-"""model_runner.kv_math against the golden cases in static/data/kv_golden.json (the browser tests use the same file)."""
+"""formulas.kv_math against the golden cases in static/data/kv_golden.json (the browser tests use the same file)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_runner import kv_config, kv_layers, kv_math
+from formulas import kv_config, kv_layers, kv_math
 
 GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text())
 PRESETS = {p["id"]: p for p in GOLDEN["presets"]}
@@ -95,7 +95,7 @@ def test_reverse_solve_is_the_largest_count_that_fits(bpt, tokens, memory, weigh
     assert not fits(n + 1)
 
 
-# ---- layer groups (model_runner.kv_layers) and config.json reading (model_runner.kv_config) -------------------
+# ---- layer groups (formulas.kv_layers) and config.json reading (formulas.kv_config) -------------------
 
 CATALOGUE = {
     m["id"]: m

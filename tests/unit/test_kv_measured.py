@@ -10,11 +10,11 @@ import pytest
 import torch
 from kvscope_testkit import ask, events_of
 
-from model_runner.core.forward import BatchForward
-from model_runner.core.kv_cache import SENTINEL, PagedKVPool
-from model_runner.core.scheduler import Work
-from model_runner.core.sequence import Sequence
 from model_runner.loading import loader
+from model_runner.local.forward import BatchForward
+from model_runner.local.kv_cache import SENTINEL, PagedKVPool
+from model_runner.local.scheduler import Work
+from model_runner.shared.sequence import Sequence
 
 BLOCK = 16
 

@@ -1,5 +1,7 @@
-"""The architecture holds: the engine package imports neither the web app nor the benchmark, and
-the benchmark does not import the web app (the `kvscope` command in app/cli.py sits on top)."""
+"""The floor plan holds: each layer imports only the layers below it. From the top: the `kvscope`
+command line; the web app (`app`) and the benchmarks (`bench`), siblings that never import each other;
+the serving chapter's experiments; the engine (`model_runner`), in which what both engines share sits
+below the local and the remote engine; and at the bottom the page's formulas (`formulas`)."""
 
 from __future__ import annotations
 
@@ -9,48 +11,81 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# A package (or sub-package) → the modules it must not import, by prefix.
 FORBIDDEN = {
-    "model_runner": {"app", "bench", "serving_experiments"},
-    "serving_experiments": {"app", "bench"},
-    "bench": {"app"},
+    "formulas": {"model_runner", "serving_experiments", "app", "bench", "kvscope", "torch"},
+    "model_runner": {"serving_experiments", "app", "bench", "kvscope"},
+    "model_runner/shared": {"model_runner.local", "model_runner.remote", "model_runner.loading"},
+    "model_runner/remote": {"model_runner.local"},
+    "serving_experiments": {"app", "bench", "kvscope"},
+    "bench": {"app", "kvscope"},
+    "app": {"bench", "kvscope"},
 }
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level names of every absolute import in a module, wherever it sits (late imports too)."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every absolute import in a module, wherever it sits (late imports too)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
+def breaks(name: str, forbidden: set[str]) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in forbidden)
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_lower_layers_do_not_import_upper_ones(package):
+def test_each_layer_imports_only_the_layers_below_it(package):
     offenders = {
         f"{path.relative_to(ROOT)} imports {name}"
         for path in sorted((ROOT / package).rglob("*.py"))
-        for name in imported_packages(path) & FORBIDDEN[package]
+        for name in imported_modules(path)
+        if breaks(name, FORBIDDEN[package])
     }
     assert not offenders, sorted(offenders)
 
 
-def test_the_checker_sees_late_imports(tmp_path):
+def test_the_checker_sees_late_imports_and_sub_packages(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from app.cli import main\n    import bench.runner\n")
-    assert imported_packages(module) == {"app", "bench"}
+    module.write_text("def f():\n    from app.openai import routes\n    import bench.runner\n")
+    names = imported_modules(module)
+    assert {"app.openai", "app.openai.routes", "bench.runner"} <= names
+    assert breaks("app.openai.routes", {"app"}) and not breaks("application", {"app"})
+
+
+def test_the_old_floor_plan_would_fail(tmp_path):
+    # The command line inside the app (it imported bench) and the remote engine reaching into the local
+    # one (the scheduler's Policy) are what this layout moved away from.
+    cli = tmp_path / "cli.py"
+    cli.write_text("from bench.runner import add_parser\n")
+    remote = tmp_path / "engine.py"
+    remote.write_text(
+        "from model_runner.core.scheduler import Policy\nfrom model_runner.local.scheduler import Policy\n"
+    )
+    assert any(breaks(n, FORBIDDEN["app"]) for n in imported_modules(cli))
+    assert any(breaks(n, FORBIDDEN["model_runner/remote"]) for n in imported_modules(remote))
+
+
+def test_serving_and_walkthrough_scripts_do_not_import_each_other():
+    # What both parts of the page use lives in static/js/shared/.
+    offenders = []
+    for part, other in (("serving", "walkthrough"), ("walkthrough", "serving")):
+        for path in sorted((ROOT / "static/js" / part).glob("*.js")):
+            if f"'../{other}/" in path.read_text(encoding="utf-8"):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders
 
 
 def test_the_readme_names_every_module_in_what_runs_where():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## What runs where") : readme.index("## Tests")]
-    modules = [
-        path
-        for package in ("app", "bench", "model_runner", "serving_experiments", "scripts")
-        for path in (ROOT / package).rglob("*.py")
-    ]
-    modules += [path for path in (ROOT / "static/js/shared").glob("*.js")]
+    packages = ("kvscope", "app", "bench", "formulas", "model_runner", "serving_experiments", "scripts")
+    modules = [path for package in packages for path in (ROOT / package).rglob("*.py")]
+    modules += list((ROOT / "static/js").rglob("*.js"))
     missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.name}`" not in section)
     assert not missing, f"README's 'What runs where' does not name: {missing}"

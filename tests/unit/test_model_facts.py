@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 from app import create_app
-from model_runner.core.engine import Engine, EngineConfig
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
 
 
 def test_api_model_never_shows_an_absolute_path():

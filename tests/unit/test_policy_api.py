@@ -9,10 +9,10 @@ import argparse
 import pytest
 
 from app import create_app
-from app.cli import policy_of
-from model_runner.core.engine import Engine, EngineConfig
+from kvscope.cli import policy_of
 from model_runner.errors import UserError
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")

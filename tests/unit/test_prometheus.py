@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from app.metrics import FINISHED_REASONS, METRIC_NAMES, SERIES
-from model_runner.core.scheduler import Policy
 from model_runner.loading.fake import ANSWER
+from model_runner.shared.policy import Policy
 
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
 KINDS = {name: kind for name, kind, *_ in SERIES}
@@ -19,7 +19,7 @@ HISTOGRAMS = tuple(name for name, kind in KINDS.items() if kind == "histogram")
 COUNTERS = tuple(name for name, kind in KINDS.items() if kind == "counter")
 GAUGES = tuple(name for name, kind in KINDS.items() if kind == "gauge")
 TTFT = "vllm:time_to_first_token_seconds"
-# What dashboards made for vLLM read (issue 27); the list in app/metrics.py must keep them.
+# What dashboards made for vLLM read; the list in app/metrics.py must keep them.
 DASHBOARD_NAMES = (
     "vllm:e2e_request_latency_seconds",
     "vllm:request_success",

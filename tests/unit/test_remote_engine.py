@@ -320,6 +320,27 @@ def test_the_class_view_s_cancel_all_and_feed_text_work_on_a_remote_engine(engin
     assert engine.active == 0 and remote.closed_by_client.wait(5)
 
 
+def test_a_teachers_cancel_all_reaches_the_class_feed_with_its_cause_on_a_remote_engine(engine, remote):
+    # The class view says "cancelled by the teacher" from the feed's engine_end `cause`: both engines
+    # build that message in one place (model_runner/shared/endings.py), so the remote one carries it too.
+    remote.delay = 0.3
+    feed = engine.feed.subscribe(capacity=1000)
+    try:
+        handles = [engine.submit(ask("hi"), f"r{i}", label=f"laptop {i}") for i in range(2)]
+        wait_until(lambda: len(remote.bodies) == 2, "both requests upstream")
+        engine.cancel_all("teacher")
+        for handle in handles:
+            one_terminal(events_of(handle, timeout=5))
+        ends = []
+        while len(ends) < 2:
+            event = feed.next_event(timeout=5)
+            assert event is not None, "the feed went quiet before both ends"
+            ends += [event] if event["type"] == "engine_end" else []
+        assert [(e["outcome"], e["cause"], e["blocks_freed"]) for e in ends] == [("cancelled", "teacher", None)] * 2
+    finally:
+        feed.close()
+
+
 def test_an_engine_url_with_a_password_is_refused_so_it_never_reaches_the_page():
     with pytest.raises(UserError, match="must not carry a user or password") as refused:
         parse_url("openai:http://user:secret@gpu-box:8000")

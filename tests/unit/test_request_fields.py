@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from app import create_app
-from model_runner.core.engine import Engine, EngineConfig
 from model_runner.errors import UserError
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
 from model_runner.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]

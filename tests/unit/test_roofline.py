@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from model_runner import cost
+from formulas import cost
 from model_runner.loading import loader
+from model_runner.loading.model_shape import shape_of
 from serving_experiments import roofline as rl
 
 PEAK, BANDWIDTH = 1e11, 1e10  # ridge at 10 FLOP/B
@@ -30,7 +31,7 @@ def int4():
 
 
 def test_points_are_the_cost_models_flops_and_bytes_over_the_measured_time(int4, fake_ceilings):
-    shape = cost.shape_of(int4)
+    shape = shape_of(int4)
     result = rl.roofline(int4, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 0.5}])
     prefill, decode = result["points"]
     assert fake_ceilings == [("cpu", "int4")]  # the peak asked for in the route the layers run

@@ -1,4 +1,4 @@
-"""The room without Flask (app/room.py): built on an engine alone, it counts ends through the engine's
+"""The room without Flask (app/classroom/room.py): built on an engine alone, it counts ends through the engine's
 end listener and computes the class stats with the one p50/p95 (model_runner/metrics.py); on a
 remote engine (`engine.local` is None) pause is refused by name and tokens/s is unknown, while the
 other settings still work."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.room import STATS_WINDOW_S, Room
+from app.classroom.room import STATS_WINDOW_S, Room
 from model_runner.errors import UserError
 from model_runner.metrics import p50_p95
 

@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-from model_runner.core.scheduler import (
+from model_runner.errors import UserError
+from model_runner.local.scheduler import (
     WAIT_BLOCKS,
     WAIT_LINE,
     WAIT_PREEMPTED,
@@ -21,9 +22,8 @@ from model_runner.core.scheduler import (
     Scheduler,
     StepPlan,
 )
-from model_runner.core.sequence import Sequence, State
-from model_runner.errors import UserError
 from model_runner.request import GenerateParams, Message
+from model_runner.shared.sequence import Sequence, State
 
 BLOCK = 16
 TOKEN = 7  # what every "sampled" token is

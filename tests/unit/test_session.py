@@ -15,11 +15,11 @@ from kvscope_testkit import wait_until
 from simple_websocket import ConnectionClosed
 
 from app.session import SessionSettings, parse_json_object, run_session
-from model_runner.core.engine import Engine, EngineConfig
-from model_runner.core.scheduler import Policy
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.loading.loader import load
+from model_runner.local.engine import Engine, EngineConfig
+from model_runner.shared.policy import Policy
 
 WAIT_S = 30.0  # generous deadline for a condition that holds in milliseconds; never a timing claim
 FAST = SessionSettings(max_inflight=4, idle_timeout_s=600.0, poll_s=0.02, drain_s=5.0)

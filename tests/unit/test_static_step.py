@@ -12,15 +12,15 @@ import torch
 from kvscope_testkit import ask, events_of
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
-import model_runner.core.static_step as static_step
-from model_runner.core import graphs
-from model_runner.core.config import POLICY
-from model_runner.core.forward import BatchForward
-from model_runner.core.kv_cache import PagedKVPool
-from model_runner.core.scheduler import Work
-from model_runner.core.sequence import Sequence
-from model_runner.core.static_step import MIN_KEYS, Bucket, StaticDecodeStep, bucket_for, decode_mask
+import model_runner.local.static_step as static_step
 from model_runner.loading import loader
+from model_runner.local import graphs
+from model_runner.local.config import POLICY
+from model_runner.local.forward import BatchForward
+from model_runner.local.kv_cache import PagedKVPool
+from model_runner.local.scheduler import Work
+from model_runner.local.static_step import MIN_KEYS, Bucket, StaticDecodeStep, bucket_for, decode_mask
+from model_runner.shared.sequence import Sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [5, 12, 19]  # prompt lengths: three requests whose pasts differ, one across a block boundary
@@ -194,7 +194,7 @@ def test_an_engine_on_the_padded_step_gives_the_eager_engines_events(engine_fact
 
 
 def test_serve_takes_cuda_graphs_auto_or_off_and_names_the_choices():
-    from app.cli import build_parser
+    from kvscope.cli import build_parser
 
     assert build_parser().parse_args(["serve"]).cuda_graphs == "auto"
     assert build_parser().parse_args(["serve", "--cuda-graphs", "off"]).cuda_graphs == "off"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from formulas.kv_math import kv_bytes_per_token
 from model_runner import trace as record_trace
-from model_runner.kv_math import kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
 

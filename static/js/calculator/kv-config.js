@@ -1,4 +1,4 @@
-// A Hugging Face config.json read into layer groups, no DOM: the browser twin of model_runner/kv_config.py,
+// A Hugging Face config.json read into layer groups, no DOM: the browser twin of formulas/kv_config.py,
 // checked against static/data/kv_golden.json `config_cases`. Every value used is listed with its key; a key
 // the reader cannot interpret is an error naming it; a default is used only where a named config class has
 // one, and then it is listed as such. Keys are read by name (cfg[key]) because they are the file's, not ours.

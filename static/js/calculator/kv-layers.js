@@ -1,4 +1,4 @@
-// KV-cache bytes for a model as layer groups, no DOM: the browser twin of model_runner/kv_layers.py, checked
+// KV-cache bytes for a model as layer groups, no DOM: the browser twin of formulas/kv_layers.py, checked
 // against the same golden cases (static/data/kv_golden.json `layer_cases`). Groups and storage use the
 // Python names (snake_case keys in the data), results are camelCase. Every result is a whole number of
 // bytes below 2^53, so double arithmetic is exact; a total beyond that is an error naming `tokens`.

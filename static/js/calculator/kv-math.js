@@ -1,4 +1,4 @@
-// KV-cache arithmetic, no DOM: the browser twin of model_runner/kv_math.py, checked against the same
+// KV-cache arithmetic, no DOM: the browser twin of formulas/kv_math.py, checked against the same
 // golden cases (static/data/kv_golden.json). All sizes are whole bytes; inputs are bounded so every
 // product stays below 2^53 and double arithmetic is exact.
 

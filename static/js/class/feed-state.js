@@ -4,7 +4,7 @@
 import { isTerminal } from '../shared/protocol.js';
 
 export const HISTORY_STEPS = 48; // engine steps the batch grid keeps (the newest on the right); the feed
-// keeps as many (STEP_HISTORY in model_runner/core/feed.py) for a view opened late
+// keeps as many (STEP_HISTORY in model_runner/shared/feed.py) for a view opened late
 const PAST = 'past'; // a request seen only in steps from before this page subscribed
 export const RECENT_ENDED = 6; // ended requests the lanes keep showing after their end
 

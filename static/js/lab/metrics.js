@@ -33,7 +33,7 @@ export function robustSlope(points) {
   return median(slopes);
 }
 
-// Estimates for the lab's rows: the cost model's counts (shared/cost.js, the twin of model_runner/cost.py,
+// Estimates for the lab's rows: the cost model's counts (shared/cost.js, the twin of formulas/cost.py,
 // golden cases in static/data/cost_golden.json) over a measured time. `facts` is /api/model's; its
 // `cost_shape` is the model's Shape as it runs (absent for a remote engine, whose layers the page cannot
 // see: then every estimate is null rather than a guess).

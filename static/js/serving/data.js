@@ -2,20 +2,6 @@
 // by scripts/record_serving_trace.py on the real model) and live runs (POST /api/experiments/<name>).
 // Nothing here invents a number: a missing trace yields no data, and the page then offers live runs only.
 
-export const TRACE_URL = new URL('../../data/serving-trace.json', import.meta.url);
-
-// The trace's experiments by name, with what it says about where it was recorded; null if absent.
-export async function loadTrace(signal) {
-  const res = await fetch(TRACE_URL, { signal });
-  if (res.status === 404) return null;
-  if (!res.ok) throw new Error(`HTTP ${res.status}`);
-  const trace = await res.json();
-  if (!trace || trace.schema !== 1 || typeof trace.experiments !== 'object' || !trace.experiments) {
-    throw new Error('not a serving trace (schema 1)');
-  }
-  return { recordedOn: trace.recorded_on || {}, experiments: trace.experiments };
-}
-
 // GET /api/experiments → {busy, available: {name: {available, why}}}; null if the server has none.
 export async function listExperiments(signal) {
   const res = await fetch('/api/experiments', { signal });

@@ -1,6 +1,5 @@
 // Pure arithmetic for the "Many requests at once" chapter, no DOM: token passes with and without a KV
-// cache, the context budget, roofline geometry, grid tallies and the speculative-decoding counts.
-import { attainableFlopsS } from '../shared/cost.js';
+// cache, the context budget, grid tallies and the speculative-decoding counts.
 
 export const PASS_LIMITS = { prompt: [1, 100000], reply: [1, 100000] };
 
@@ -27,16 +26,6 @@ export function contextUse({ content, template, maxNew, window }) {
   const prompt = content + template;
   const used = prompt + maxNew;
   return { prompt, used, window, fits: used <= window, free: window - used };
-}
-
-// The roof a point sits under (shared/cost.js, the twin of model_runner/cost.py attainable_flops_s, which
-// the server's points carry as attainable_flops_s): bandwidth-limited left of the ridge, compute-limited right.
-export function roof(intensity, { peak_flops_s: peak, bandwidth_bytes_s: bw }) {
-  return attainableFlopsS(intensity, peak, bw);
-}
-
-export function ridge({ peak_flops_s: peak, bandwidth_bytes_s: bw }) {
-  return peak / bw;
 }
 
 // A log10 scale from [lo, hi] onto [r0, r1].

@@ -3,8 +3,8 @@
 import { html, svgEl } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { axes, barRow, clear, value } from './view.js';
-import { decades, logScale, ridge, roof, share } from './math.js';
-import { pointVerdict } from '../walkthrough/context.js';
+import { decades, logScale, share } from './math.js';
+import { pointVerdict, ridge, roof } from '../shared/roofline.js';
 
 const W = 420;
 const H = 240;

@@ -1,4 +1,4 @@
-// The cost model's JS twin of model_runner/cost.py (no DOM): FLOPs of a prefill and of a decode step,
+// The cost model's JS twin of formulas/cost.py (no DOM): FLOPs of a prefill and of a decode step,
 // the bytes a step reads (weights as the route stores them, the KV cache) and decode tokens/s. Both
 // reproduce static/data/cost_golden.json (tests/unit/test_cost.py, tests/browser/test_cost_js.py).
 // `shape` is cost.py's Shape as the server sends it (facts.cost_shape): route, layers, attention_heads,

@@ -11,7 +11,7 @@
 // budget (the `accepted` event, /api/prompt) and from a terminal event's `metrics`: each must exist
 // on the server (model_runner/loading/loader.py ModelFacts, prompt.py, metrics.py); the server may send more.
 // `feed` lists the fields of the engine feed's and the class's messages (built as dicts in
-// model_runner/core/engine.py and app/classroom.py), with `batch_row` and `kv` inside engine_step, and
+// model_runner/local/engine.py and app/classroom/routes.py), with `batch_row` and `kv` inside engine_step, and
 // `policy`, `class_settings`, `class_info` and `experiments_list` the fields of /api/engine's policy,
 // /api/class and GET /api/experiments.
 const SPEC = /* protocol-json */ {

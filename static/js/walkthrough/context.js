@@ -4,20 +4,8 @@
 // A field a trace lacks gives MISSING, and a sentence whose data is absent is left out (null).
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { median } from '../shared/stats.js';
-import { ridge as ridgeOf, roof } from '../serving/math.js';
-
-// The weights' route of a model's facts: the --dtype value that reproduces it (int4, int8, float32, …).
-export function routeOf(model) {
-  if (!model) return null;
-  return model.dtype_route || model.weights_dtype || routeName(model.route) || model.dtype || null;
-}
-
-// A route as a recording writes it: a name ("int4"), or the route's facts ({dtype_route, weights_dtype, …}).
-export function routeName(route) {
-  if (!route) return null;
-  if (typeof route === 'string') return route;
-  return route.dtype_route || route.weights_dtype || null;
-}
+import { pointVerdict } from '../shared/roofline.js';
+import { routeName, routeOf, servingRoute } from '../shared/route.js';
 
 // The route a walkthrough run took: its recording's own field first, else its model's facts.
 export function runRoute(run) {
@@ -42,19 +30,6 @@ export function recordedOnText(run) {
   const parts = [route ? `${route} weights` : 'route not recorded', machine || 'machine not recorded',
     load ? `load ${load}` : 'load not recorded'];
   return parts.join(' · ');
-}
-
-// The route the serving chapter's recording ran on: the experiment's own answer (`machine.route`) when
-// given, else the recording's field, else the tail of its model line ("SmolLM2-135M-Instruct (Q4_1 GGUF),
-// int4" → "int4").
-export function servingRoute(serving, response = null) {
-  const own = routeName(response && response.machine && response.machine.route);
-  if (own) return own;
-  const on = (serving && serving.recordedOn) || {};
-  const named = routeName(on.route) || on.dtype_route || on.weights_dtype;
-  if (named) return named;
-  const m = /,\s*([A-Za-z0-9_]+)\s*$/.exec(on.model || '');
-  return m ? m[1] : null;
 }
 
 // Decode step time against prefill time per prompt position, for this run: how many prompt positions
@@ -99,16 +74,6 @@ export function ratioSentence(run, serving) {
     theirs: formatFixed(r.ratio, 1),
     why: ratioWhy(runRoute(run), servingRoute(serving, pricing), run.prefill.tokens, r.prompt_tokens, run.inspected),
   };
-}
-
-// A point's verdict and share: the roofline's own fields when the recording has them, else worked out
-// here from its position (left of the ridge: memory side; right: compute side) and its roof.
-export function pointVerdict(point, roofline) {
-  const attainable = Number.isFinite(point.attainable_flops_s) ? point.attainable_flops_s : roof(point.intensity, roofline);
-  const share = Number.isFinite(point.share) ? point.share : point.flops_s / attainable;
-  const ridge = Number.isFinite(roofline.ridge_intensity) ? roofline.ridge_intensity : ridgeOf(roofline);
-  const side = point.intensity >= ridge ? 'compute-bound' : 'memory-bound';
-  return { share, attainable, side, verdict: point.verdict || null, ridge };
 }
 
 const pct = (share) => `${formatFixed(share * 100, 0)} %`;

@@ -16,8 +16,8 @@ import {
 } from './stages.js';
 import { contextFacts } from './context.js';
 import { createDrawing } from './drawing.js';
-import { loadTrace as loadServingTrace } from '../serving/data.js';
-import { observeSteps, scrollToStep } from './scroll.js';
+import { loadTrace as loadServingTrace } from '../shared/serving-trace.js';
+import { observeSteps, scrollToStep } from '../shared/scroll.js';
 import { createAttentionBlock, liveRequest } from './attention.js';
 
 const TRACE_URL = new URL('../../data/trace-example.json', import.meta.url);

@@ -1,0 +1,32 @@
+"""The engine's settings and the server's limits, in one place: the engine reads EngineConfig, the
+Flask app's DEFAULTS and the `kvscope serve` flags take their defaults from the same constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model_runner.shared.policy import Policy
+
+MAX_QUEUE = 64  # requests waiting at once; the next one is answered `overloaded` at once
+TIMEOUT_S = 120.0  # server-side limit per request, from submit
+EVENT_BUFFER = 1024  # events a client may fall behind before it is dropped as slow
+BLOCK_SIZE = 16  # tokens per paged KV block (vLLM's default)
+POLICY = Policy()  # continuous batching, 16 requests, 512 tokens a step, chunking and prefix caching off
+CUDA_GRAPHS = "auto"  # decode steps replayed as CUDA graphs where the device is CUDA
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"  # "default" (bundled SmolLM2-135M-Instruct), "fake" (tests), a hub id or a path
+    device: str = "auto"
+    dtype: str = "auto"
+    max_queue: int = MAX_QUEUE
+    timeout_s: float = TIMEOUT_S
+    event_buffer: int = EVENT_BUFFER
+    block_size: int = BLOCK_SIZE
+    kv_cache_mb: float | None = None  # the paged pool's size; None = room for one full context window
+    policy: Policy = field(default_factory=lambda: POLICY)  # the starting policy; changed at run time
+    feed_text: bool = False  # allow prompt and answer text in the engine feed (observers)
+    # Decode steps as CUDA graphs: "auto" (on CUDA), "off" (eager), "padded" (the graphs' padded step, no
+    # graph: how the CPU tests it). See core/graphs.py.
+    cuda_graphs: str = CUDA_GRAPHS

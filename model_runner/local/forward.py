@@ -1,0 +1,167 @@
+"""The batched forward: one model call for a ragged batch of (request, new tokens) rows over the
+paged KV pool, through transformers' paged attention (sdpa with a `cache=` argument: the model
+writes each row's new keys and values into its blocks and reads its past from them). Also the
+unbatched recompute forward of a request that runs without a KV cache."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from transformers.generation.continuous_batching.utils import build_attention_mask
+
+from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
+from model_runner.local.attention_inspect import IMPLEMENTATION, PROBE_KWARG, make_probe, register
+from model_runner.local.graphs import DecodeGraphs, graphs_wanted
+from model_runner.local.kv_cache import FULL, PagedKVPool
+from model_runner.local.scheduler import Work
+from model_runner.local.static_step import StaticDecodeStep, is_decode_batch
+from model_runner.shared.sequence import Sequence
+
+# Attentions that take the paged cache: kvscope's sdpa (transformers' sdpa unless a request is
+# inspected, core/attention_inspect.py) and transformers' paged eager.
+PAGED_ATTENTION = (IMPLEMENTATION, "paged|eager")
+
+
+def use_paged_attention(model) -> None:
+    """Make sure the model's attention can read and write the paged pool."""
+    if model.config._attn_implementation not in PAGED_ATTENTION:
+        model.set_attn_implementation(register())
+
+
+def on_kernels(rows: list[Work]) -> bool:
+    """Whether a step runs on a quantized route's kernel weights (quantize.kernel_step) rather than letting a
+    call of FLOAT_ROWS rows or more take the float32 copies: a decode batch is never a prompt, and a step
+    that mixes chunks of chunked prefills with decodes is still cheaper on the kernels while it is small (a
+    class's usual step: the few tokens left after a cached prefix, beside 15 decodes). Only chunks: a
+    chunked prompt is computed in pieces beside whatever shares its steps anyway, while a whole prompt keeps
+    float32's own KV cache whatever shares its step, so without chunked prefill nothing changes."""
+    if is_decode_batch(rows):
+        return True
+    prompts = [row for row in rows if row.kind != "decode"]
+    if len(prompts) == len(rows) or not all(row.chunked for row in prompts):
+        return False
+    return sum(len(row.tokens) for row in rows) <= mixed_kernel_rows()
+
+
+def _i32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _i64(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+class BatchForward:
+    def __init__(self, model, pool: PagedKVPool, cuda_graphs: str = "auto"):
+        """cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
+        "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step)."""
+        use_paged_attention(model)
+        self.model, self.pool = model, pool
+        self.device = model.device
+        self.masked = torch.finfo(model.dtype).min
+        graphs = graphs_wanted(cuda_graphs, self.device)
+        self.static = StaticDecodeStep(model, pool) if graphs or cuda_graphs == "padded" else None
+        self.graphs = DecodeGraphs(self.static) if graphs else None
+        self.static_steps = 0  # decode steps run padded (replayed or not)
+        self.can_inspect = model.config._attn_implementation == IMPLEMENTATION
+        self.inspected: dict[int, dict] = {}  # id(work) → its attention summary, until taken
+
+    def take_attention(self) -> dict[int, dict]:
+        """The attention summaries of the inspected rows run since the last call (id(work) → summary)."""
+        taken, self.inspected = self.inspected, {}
+        return taken
+
+    def __call__(self, rows: list[Work]) -> torch.Tensor:
+        """rows (blocks already reserved) → logits of the rows that want them: [n_wanting, vocab], float32
+        on the CPU (one transfer for the step). Each row's tokens sit at positions seq.cached … seq.cached +
+        len(tokens) − 1. A decode-only batch runs the static step when there is one; the rest run eagerly."""
+        with kernel_step() if on_kernels(rows) else nullcontext():
+            logits = self._static_decode(rows)
+            if logits is None:
+                logits = self._eager(rows)
+        return steer(self.model, [row.seq.tokens for row in rows if row.wants_logits], logits).float().cpu()
+
+    def _static_decode(self, rows: list[Work]) -> torch.Tensor | None:
+        """The padded decode step (replayed as a graph where there are graphs); None when it does not apply:
+        no static step, a prefill or chunk in the batch, an inspected row, or a batch wider than its buffers."""
+        if self.static is None or not is_decode_batch(rows) or any(self._inspects(row) for row in rows):
+            return None
+        bucket = self.static.fill(rows)
+        if bucket is None:
+            return None
+        padded = self.graphs.run(bucket) if self.graphs is not None else self.static.run(bucket)
+        for row in rows:
+            row.seq.cached += 1
+        self.static_steps += 1
+        return padded[: len(rows)]
+
+    def report(self) -> dict:
+        """How decode steps run, for the snapshot and /api/model: the mode, padded steps, graph captures."""
+        mode = "graphs" if self.graphs is not None else "padded" if self.static is not None else "eager"
+        return {"mode": mode, "static_steps": self.static_steps, **(self.graphs.report() if self.graphs else {})}
+
+    def _eager(self, rows: list[Work]) -> torch.Tensor:
+        """Any batch (prefill, chunks, decodes) at its own shapes, the mask built on the host."""
+        ids, positions, logit_rows = [], [], []
+        cu_q, cu_k = [0], [0]  # cumulative query / key lengths per row
+        read, write = [[]], [[]]  # physical slots in the pool's flat tensor
+        any_past = any(row.seq.cached for row in rows)
+        max_q = max_k = 0
+        for row in rows:
+            past, q = row.seq.cached, len(row.tokens)
+            if q == 0:  # an empty row would shift every later row's logits onto the wrong request
+                raise ValueError(f"request {row.seq.id} has no tokens in this step")
+            ids += row.tokens
+            positions += range(past, past + q)
+            cu_q.append(cu_q[-1] + q)
+            cu_k.append(cu_k[-1] + past + q)
+            max_q, max_k = max(max_q, q), max(max_k, past + q)
+            self.pool.cache.extend_read_and_write_indices(row.seq.key, past, q, read if any_past else None, write)
+            if row.wants_logits:
+                logit_rows.append(cu_q[-1] - 1)
+        # Without any past in the batch the keys are this step's tokens only (transformers skips the read).
+        keys = cu_k if any_past else cu_q
+        # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
+        mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
+        build_attention_mask(mask, cu_q, keys)
+        probe = make_probe([id(row) if self._inspects(row) else None for row in rows], cu_q, keys)
+        out = self.model(
+            input_ids=_i32(ids)[None].to(self.device),
+            position_ids=_i32(positions)[None].to(self.device),
+            attention_mask=mask.to(self.device),
+            cache=self.pool.cache,
+            cu_seq_lens_q=_i32(cu_q).to(self.device),
+            cu_seq_lens_k={FULL: _i32(keys).to(self.device)},
+            max_length_q=max_q,
+            max_length_k={FULL: max_k},
+            write_index=[_i64(write[0]).to(self.device)],
+            read_index=[_i64(read[0] if any_past else []).to(self.device)],
+            block_table=None,
+            use_cache=False,
+            is_causal=False,
+            logits_to_keep=_i64(logit_rows).to(self.device),
+            **({PROBE_KWARG: probe} if probe else {}),
+        )  # hidden states sliced before the LM head
+        if probe:
+            self.inspected.update(probe.summaries())
+        for row in rows:
+            row.seq.cached += len(row.tokens)
+        return out.logits[0]
+
+    def _inspects(self, row: Work) -> bool:
+        """Inspected: a row that yields a token for a request that asked for its attention."""
+        return self.can_inspect and row.wants_logits and row.seq.params.inspect_attention
+
+
+def recompute_forward(model, seq: Sequence) -> torch.Tensor:
+    """No KV cache: every position of the request again, the cost the cache saves. → logits [1, vocab]."""
+    ids = _i64([seq.tokens]).to(model.device)  # [1, tokens]
+    out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return steer(model, [seq.tokens], out.logits[0, -1:])
+
+
+def steer(model, histories: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+    """Models that script their answer (the test model) bias each row from its token history."""
+    hook = getattr(model, "steer_logits", None)
+    return hook(histories, logits) if hook is not None else logits

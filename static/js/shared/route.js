@@ -1,0 +1,27 @@
+// Which weights' route a model, a walkthrough run or the serving recording ran on, by name. Pure.
+
+// The weights' route of a model's facts: the --dtype value that reproduces it (int4, int8, float32, …).
+export function routeOf(model) {
+  if (!model) return null;
+  return model.dtype_route || model.weights_dtype || routeName(model.route) || model.dtype || null;
+}
+
+// A route as a recording writes it: a name ("int4"), or the route's facts ({dtype_route, weights_dtype, …}).
+export function routeName(route) {
+  if (!route) return null;
+  if (typeof route === 'string') return route;
+  return route.dtype_route || route.weights_dtype || null;
+}
+
+// The route the serving chapter's recording ran on: the experiment's own answer (`machine.route`) when
+// given, else the recording's field, else the tail of its model line ("SmolLM2-135M-Instruct (Q4_1 GGUF),
+// int4" → "int4").
+export function servingRoute(serving, response = null) {
+  const own = routeName(response && response.machine && response.machine.route);
+  if (own) return own;
+  const on = (serving && serving.recordedOn) || {};
+  const named = routeName(on.route) || on.dtype_route || on.weights_dtype;
+  if (named) return named;
+  const m = /,\s*([A-Za-z0-9_]+)\s*$/.exec(on.model || '');
+  return m ? m[1] : null;
+}
