@@ -6,7 +6,6 @@ Every error answer is `{code, field, message}`, the same shape as the WebSocket 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flask import Blueprint, current_app, jsonify, request
@@ -92,12 +91,9 @@ def engine_policy():
             "(or started with ALLOW_POLICY_CHANGES)",
             code="forbidden",
         )
-    try:
-        changes = json.loads(request.get_data(as_text=True))
-    except ValueError as exc:
-        raise UserError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(changes, dict):
-        raise UserError('send the policy changes as a JSON object, e.g. {"batching": "static"}', code="invalid_json")
+    changes = parse_json_object(
+        request.get_data(as_text=True), 'send the policy changes as a JSON object, e.g. {"batching": "static"}'
+    )
     return jsonify({"policy": get_engine().set_policy(changes).to_dict()})
 
 

@@ -14,7 +14,7 @@ from model_runner.fields import json_repr
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}\Z")
 
 
-def parse_json_object(text: Any) -> dict:
+def parse_json_object(text: Any, not_an_object: str = "the message must be a JSON object with a `type`") -> dict:
     """Decode one client message; raise UserError(code="invalid_json") unless it is a JSON object.
 
     Python's json accepts NaN and Infinity: they pass here so the field check can name the field.
@@ -30,7 +30,7 @@ def parse_json_object(text: Any) -> dict:
     except ValueError as exc:
         raise UserError(f"the message is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise UserError("the message must be a JSON object with a `type`", code="invalid_json")
+        raise UserError(not_an_object, code="invalid_json")
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -20,6 +20,7 @@ from typing import Any
 from simple_websocket import ConnectionClosed
 from wsproto.utilities import LocalProtocolError
 
+from app.classroom.room import NoSeat
 from app.protocol import error_event, parse_json_object, parse_request_id
 from model_runner.errors import UserError
 from model_runner.events import SCHEMA_VERSION, Event
@@ -64,13 +65,12 @@ class SocketSession:
         self._lock = threading.Lock()  # guards _inflight
         self._inflight: dict[str, Any] = {}  # request id → RequestHandle, until its terminal event
         self._feed = None  # the engine feed subscription, after a `subscribe`
-        # The class view's side of this socket (app/classroom/routes.py: label, cap, rate limit, notices,
-        # follow), or None outside a classroom.
-        self.seat = seat
+        # The class view's side of this socket (app/classroom/room.py: label, cap, rate limit, notices,
+        # follow); outside a classroom a seat that does nothing.
+        self.seat = seat if seat is not None else NoSeat()
         # how observers see this socket's requests
-        self.label = (seat.label if seat is not None else "") or f"socket {next(SOCKET_NUMBERS)}"
-        if seat is not None:
-            seat.attach(self._send_message)
+        self.label = self.seat.label or f"socket {next(SOCKET_NUMBERS)}"
+        self.seat.attach(self._send_message)
 
     # ---- the reader loop -----------------------------------------------------------------------
 
@@ -107,7 +107,7 @@ class SocketSession:
                 self._subscribe()
             elif kind == "unsubscribe":
                 self._unsubscribe()
-            elif kind in ("follow", "unfollow") and self.seat is not None:
+            elif kind in ("follow", "unfollow") and self.seat.in_room:
                 self.seat.follow(kind == "follow")
             else:
                 self._send_error(
@@ -141,7 +141,7 @@ class SocketSession:
             )
             return
         limit = self.settings.max_inflight
-        if self.seat is None and count >= limit:  # a seat checks its laptop's cap itself, in submit_options
+        if not self.seat.in_room and count >= limit:  # a seat checks its laptop's cap itself, in submit_options
             self._send_error(
                 rid,
                 UserError(
@@ -154,8 +154,8 @@ class SocketSession:
         try:
             params = parse_generate(data)
             # A classroom seat adds its options (feed_text: "show prompts"); both engines take them.
-            extra = self.seat.submit_options() if self.seat is not None else {}
-            seated = self.seat is not None
+            extra = self.seat.submit_options()
+            seated = True
             handle = self.engine.submit(params, rid, label=self.label, **extra)
         except Exception as exc:
             if seated:
@@ -222,8 +222,9 @@ class SocketSession:
         feed = self.engine.feed.subscribe()
         try:
             self._send(json.dumps({"type": "engine_snapshot", "schema": SCHEMA_VERSION, **self.engine.snapshot()}))
-            if self.seat is not None:  # the class counters: their state now, then stats every second
-                self._send_message(self.seat.subscribed(feed))
+            counters = self.seat.subscribed(feed)  # the class counters: their state now, then stats every second
+            if counters is not None:
+                self._send_message(counters)
             threading.Thread(target=self._pump_feed, args=(feed,), name="kvscope-feed", daemon=True).start()
         except Exception:
             feed.close()  # no pump: the subscription must not linger in the feed
@@ -239,8 +240,7 @@ class SocketSession:
 
     def _unsubscribe(self) -> None:
         if self._feed is not None:
-            if self.seat is not None:
-                self.seat.unsubscribed()
+            self.seat.unsubscribed()
             self._feed.close()
             self._feed = None
 
@@ -251,7 +251,7 @@ class SocketSession:
     def _forget(self, rid: str) -> None:
         with self._lock:
             handle = self._inflight.pop(rid, None)
-        if handle is not None and self.seat is not None:  # once per request: the pump calls this twice
+        if handle is not None:  # once per request: the pump calls this twice
             self.seat.request_ended()
 
     # ---- sending and ending ----------------------------------------------------------------------
@@ -296,8 +296,7 @@ class SocketSession:
         with self._send_lock:
             self._open = False
         self._unsubscribe()
-        if self.seat is not None:
-            self.seat.leave()
+        self.seat.leave()
         self._cancel_all()
 
     def _cancel_all(self) -> None:

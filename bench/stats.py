@@ -4,9 +4,9 @@ JSON Schema (type, properties, additionalProperties, required, items, enum, mini
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from model_runner.fields import is_int, is_number
 from model_runner.metrics import percentile
 
 # vLLM `bench serve` definitions, measured at the client (the thread or socket that reads events).
@@ -230,9 +230,9 @@ _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null":
 
 def _is(value: Any, kind: str) -> bool:
     if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_int(value)
     if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return is_number(value)
     return isinstance(value, _TYPES[kind])
 
 

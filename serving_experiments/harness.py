@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from model_runner.errors import UserError
+from model_runner.fields import check_int
 from model_runner.request import parse_generate
 from model_runner.text.prompt import plan
 
@@ -39,10 +40,7 @@ def parse_params(data: Any, spec: dict[str, Param]) -> dict[str, int]:
             raise UserError(f"unknown parameter `{str(name)[:40]}` (allowed: {known})", field=str(name)[:40])
     out = {}
     for name, p in spec.items():
-        value = data.get(name, p.default)
-        if not isinstance(value, int) or isinstance(value, bool) or not p.lo <= value <= p.hi:
-            raise UserError(f"`{name}` must be an integer between {p.lo} and {p.hi}, got {value!r}"[:160], field=name)
-        out[name] = value
+        out[name] = check_int(name, data.get(name, p.default), p.lo, p.hi)
     return out
 
 

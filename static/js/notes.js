@@ -13,15 +13,6 @@ export function noteFor(ref, doc = document) {
   return id ? doc.getElementById(id) : null;
 }
 
-// Every marker's number and its target's place in its list: [{ref, number, position}], for checks.
-export function markerTable(root) {
-  return [...root.querySelectorAll('a.note-ref')].map((ref) => {
-    const note = noteFor(ref, root.ownerDocument || document);
-    const position = note && note.parentElement ? [...note.parentElement.children].indexOf(note) + 1 : 0;
-    return { ref, number: Number(ref.textContent), position };
-  });
-}
-
 export const { mount, destroy } = defineFigure((root, figure) => {
   const pop = html('div', { cls: 'note-pop', parent: document.body });
   pop.id = POP_ID;

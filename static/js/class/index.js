@@ -23,9 +23,5 @@ export function mountAll(root = document) {
   }
 }
 
-export function destroyAll() {
-  for (const figure of Object.values(figures)) figure.destroy();
-}
-
 if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', () => mountAll());
 else mountAll();
