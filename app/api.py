@@ -44,8 +44,16 @@ def model():
             "reason": state.get("reason"),
             "facts": public_facts(facts) if facts is not None else None,
             "limits": LIMITS,
+            "batch_invariant": batch_invariance(engine),
         }
     )
+
+
+def batch_invariance(engine) -> dict:
+    """Whether `--batch-invariant` is on and what it rests on (model_runner/local/invariant.py); a remote
+    engine's server decides how it batches: off here."""
+    local = getattr(engine, "local", None)
+    return local.batch_invariance() if local is not None and hasattr(local, "batch_invariance") else {"on": False}
 
 
 @bp.post("/api/prompt")

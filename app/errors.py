@@ -21,6 +21,7 @@ STATUS = {
     "not_allowed": 403,
     "not_found": 404,
     "model_not_found": 404,
+    "method_not_allowed": 405,
     "busy": 409,
     "too_large": 413,
     "internal": 500,
@@ -84,13 +85,35 @@ def _on_too_large(exc: RequestEntityTooLarge):
 
 
 def _on_unexpected(exc: Exception):
-    if isinstance(exc, HTTPException):  # 404, 405 and the like: werkzeug's own answer
-        return exc
+    if isinstance(exc, HTTPException):  # 404, 405 and the like: werkzeug's own answer, but JSON under /v1
+        return openai_http_error(exc) if is_openai_path(request.path) else exc
     if request.blueprint not in JSON_ONLY:
         raise exc  # Flask's own 500 (or, under TESTING, the exception itself)
     current_app.logger.exception("%s %s failed", request.method, request.path)
     message = f"{request.method} {request.path} failed: {type(exc).__name__}: {exc}"
     return error_response(UserError(message[:300], code="internal"))
+
+
+def is_openai_path(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+def openai_http_error(exc: HTTPException):
+    """An unknown route or method under /v1 in OpenAI's error shape, as OpenAI's clients parse it."""
+    if exc.code == 405:
+        allowed = ", ".join(sorted(m for m in (exc.valid_methods or []) if m not in ("HEAD", "OPTIONS")))
+        error = UserError(
+            f"{request.method} is not allowed on {request.path}; use {allowed}", code="method_not_allowed"
+        )
+    elif exc.code == 404:
+        error = UserError(f"no route {request.method} {request.path} here", code="not_found")
+    else:
+        error = UserError(exc.description or exc.name, code=exc.name.lower().replace(" ", "_"))
+    response = error_response(error, openai_body)
+    response.status_code = exc.code or 500
+    if exc.code == 405 and exc.valid_methods:
+        response.headers["Allow"] = ", ".join(exc.valid_methods)
+    return response
 
 
 def init_app(app: Flask) -> None:

@@ -85,6 +85,13 @@ SERIES = (
         "Histogram of time spent in DECODE phase for request.",
         REQUEST_BUCKETS,
     ),
+    # kvscope's own (vLLM has no such series): the `--batch-invariant` mode, 1 when on.
+    (
+        "kvscope:batch_invariant",
+        "gauge",
+        "1 when batch-invariant decoding is on (a request's logits do not depend on its company), else 0.",
+        None,
+    ),
 )
 METRIC_NAMES = tuple(name for name, *_ in SERIES)
 # Read from engine.snapshot() at scrape time; every other series is fed from request ends.
@@ -93,6 +100,7 @@ SNAPSHOT_READS = {
     "vllm:num_requests_waiting": lambda snap: snap.get("waiting", 0),
     "vllm:kv_cache_usage_perc": lambda snap: usage_share(snap.get("kv") or {}),
     "vllm:num_preemptions": lambda snap: snap.get("preemptions", 0),
+    "kvscope:batch_invariant": lambda snap: 1 if (snap.get("batch_invariant") or {}).get("on") else 0,
 }
 # vLLM's finished_reason values (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS, less "repetition",
 # which kvscope never detects), each series present from the first scrape as vLLM's are.

@@ -1,14 +1,17 @@
 """`kvscope bench --anchor llamacpp`: llama.cpp on the same GGUF, the same token ids and the same
 greedy decoding as the engine, so its lone decode speed and prefill sit beside ours in one run;
 through node-llama-cpp 3.21.1's prebuilt CPU binaries (or llama-cpp-python where installed), and a
-plain sentence saying why when neither is there."""
+plain sentence saying why when neither is there. `--anchor vllm` adds vLLM's CPU build (float32 on the
+same weights, through its OpenAI-compatible server) to the same run: lone decode, prefill, N clients."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -133,4 +136,101 @@ def run_anchor(gguf: Path, lone: list[int], repeats: int, quality: list[list[int
         "lone_decode_tokens_per_s": [m["decode_tokens_per_s"] for m in measured],
         "prefill_ms": [m["prefill_ms"] for m in measured],
         "quality_answers": [a["tokens"] for a in answers],
+    }
+
+
+# ---- vLLM's CPU build (`--anchor vllm`) -------------------------------------------------------------
+
+
+def stream_completion(url: str, prompt: list[int], new_tokens: int, timeout: float = 300.0) -> dict:
+    """One greedy streaming /v1/completions on token ids: the ids vLLM generated (end-of-sequence ids
+    left in: the caller strips them) and the time (ms) from the request sent to each chunk."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from .vllm_server import SERVED_NAME
+
+    parts = urlsplit(url)
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+            "return_token_ids": True}  # fmt: skip
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        sent = time.perf_counter()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"vLLM answered HTTP {response.status}: {response.read(300)!r}")
+        tokens, stamps = [], []
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            now = (time.perf_counter() - sent) * 1000
+            for choice in json.loads(line[5:]).get("choices") or []:
+                ids = choice.get("token_ids") or []
+                tokens += ids
+                stamps += [now] * len(ids)
+    finally:
+        conn.close()
+    return {"tokens": tokens, "stamps_ms": stamps}
+
+
+def without_eos(answer: dict, eos_ids: set[int]) -> dict:
+    """The answer as the engine records it: no token event for an end-of-sequence id."""
+    tokens, stamps = list(answer["tokens"]), list(answer["stamps_ms"])
+    while tokens and tokens[-1] in eos_ids:
+        tokens.pop()
+        stamps.pop()
+    return {"tokens": tokens, "stamps_ms": stamps}
+
+
+def concurrent_completions(url: str, prompts: list[list[int]], new_tokens: int) -> dict:
+    """All prompts sent at once, one thread each: tokens generated and first send -> last token (s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda p: stream_completion(url, p, new_tokens), prompts))
+    wall = time.perf_counter() - start
+    tokens = sum(len(a["tokens"]) for a in answers)
+    return {"clients": len(prompts), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else None}
+
+
+def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quality: list[list[int]],
+                    new_tokens: int, quality_tokens: int, eos_ids: set[int], log_path: Path) -> dict:  # fmt: skip
+    """vLLM's CPU build on the bundled model's weights (float32), alone on the machine: started after the
+    engine's turns (its worker must not share the cores with them), the lone prompt `repeats` times and the
+    batch `repeats` times, alternating, then the quality prompts' greedy answers; stopped again.
+    {"available": False, "why": ...} when vLLM is not installed or does not start."""
+    from . import vllm_server
+
+    python, why = vllm_server.find_python()
+    if python is None:
+        return {"available": False, "why": why}
+    server = vllm_server.start(python, vllm_server.prepare_folder(), log_path)
+    try:
+        server.wait_ready()
+        stream_completion(server.url, lone, 8)  # warm-up, untimed
+        lone_runs, batched = [], []
+        for _ in range(repeats):
+            lone_runs.append(timings(without_eos(stream_completion(server.url, lone, new_tokens), eos_ids)))
+            batched.append(concurrent_completions(server.url, batch, new_tokens))
+        answers = [without_eos(stream_completion(server.url, q, quality_tokens), eos_ids)["tokens"] for q in quality]
+        capacity = server.capacity()
+        threads = re.search(r"local_rank=0, core ids=\[([\d, ]*)\]", server.log())
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        return {"available": False, "why": f"vLLM did not run: {exc}"}
+    finally:
+        server.stop()
+    return {
+        "available": True,
+        "engine": f"vLLM CPU ({vllm_server.VLLM_PIN}), float32, {vllm_server.KV_SPACE_GIB} GiB KV cache",
+        "where": python,
+        "threads": len(threads.group(1).split(",")) if threads else None,  # the cores vLLM bound its worker to
+        "ready_s": round(server.ready_s or 0, 1),
+        "capacity": capacity["line"] if capacity else None,
+        "lone_decode_tokens_per_s": [m["decode_tokens_per_s"] for m in lone_runs],
+        "prefill_ms": [m["prefill_ms"] for m in lone_runs],
+        "batched_tokens_per_s": [b["tokens_per_s"] for b in batched],
+        "quality_answers": answers,
     }

@@ -3,7 +3,8 @@ one process, each in its own engine, all stepped on one thread; in turns whose o
 repeat, a lone client (decode tokens/s, prefill) and N concurrent clients (aggregate tokens/s); then
 greedy answers to the fixed quality prompts, one at a time, compared token for token with the first
 route's; ratios against the first route, weights and KV-cache bytes per token; with `--anchor
-llamacpp`, llama.cpp on the same GGUF and token ids in the same run (bench/anchor.py)."""
+llamacpp`, llama.cpp on the same GGUF and token ids in the same run (bench/anchor.py); with `--anchor
+vllm`, llama.cpp and then vLLM's CPU build too, started only after the engine's turns."""
 
 from __future__ import annotations
 
@@ -200,6 +201,7 @@ def measure_routes(args, engines: dict, prompt_target: int, output: int, clients
         ]
     rows = {route: _row(engines[route], runs[route], answers[route], answers[routes[0]]) for route in routes}
     anchor = _anchor(args, first, payloads[0], quality, output, repeats, answers[routes[0]])
+    vllm = _vllm_anchor(args, first, payloads, quality, output, repeats, answers[routes[0]])
     return {
         "kind": "kvscope-bench-dtypes",
         "version": 1,
@@ -216,8 +218,13 @@ def measure_routes(args, engines: dict, prompt_target: int, output: int, clients
             "sampling": "greedy",
         },  # fmt: skip
         "routes": rows,
-        "ratios": {**_ratios(rows, runs, routes, clients), **_anchor_ratios(rows, anchor)},
+        "ratios": {
+            **_ratios(rows, runs, routes, clients),
+            **_anchor_ratios(rows, anchor),
+            **_vllm_ratios(rows, vllm),
+        },
         **({"anchor": anchor} if anchor is not None else {}),
+        **({"vllm_anchor": vllm} if vllm is not None else {}),
     }
 
 
@@ -300,6 +307,54 @@ def _anchor_ratios(rows: dict, anchor: dict | None) -> dict:
     return report
 
 
+def _vllm_anchor(args, engine, payloads: list[dict], quality: list[dict], output: int, repeats: int, reference):
+    """vLLM's CPU build on the same weights and token ids (None without --anchor vllm); run after every
+    engine turn, as its idle worker would take a core from them."""
+    if getattr(args, "anchor", None) != "vllm":
+        return None
+    from model_runner.request import parse_generate
+    from model_runner.text.prompt import plan
+
+    from .anchor import run_vllm_anchor
+
+    if args.model != "default":
+        return {"available": False, "why": "the vLLM anchor serves the bundled model only (--model default)"}
+    window, tokenizer = engine.loaded.facts.context_window, engine.loaded.tokenizer
+
+    def ids(payload: dict) -> list[int]:
+        return plan(tokenizer, parse_generate(payload), window).ids
+
+    print("  vLLM anchor: starting vLLM (minutes), then the lone prompt, the batch, the quality prompts", file=sys.stderr,
+          flush=True)  # fmt: skip
+    log_path = Path(args.json or "bench-dtypes").with_suffix(".vllm.log")
+    result = run_vllm_anchor(ids(payloads[0]), [ids(p) for p in payloads], repeats, [ids(q) for q in quality], output,
+                             DEFAULTS["quality_tokens"], set(tokenizer.eos_ids), log_path)  # fmt: skip
+    if result["available"]:
+        for key in ("lone_decode_tokens_per_s", "prefill_ms", "batched_tokens_per_s"):
+            result[key] = spread([v for v in result[key] if v is not None])
+        result["agreement"] = agreement(result.pop("quality_answers"), reference)
+    return result
+
+
+def _vllm_ratios(rows: dict, vllm: dict | None) -> dict:
+    """Each route's medians over vLLM's (separate turns of one run): lone decode, prefill, N clients."""
+    if not vllm or not vllm.get("available"):
+        return {}
+    report = {}
+    for route, row in rows.items():
+        for name, ours, theirs, what in (
+            ("lone", "lone_decode_tokens_per_s", "lone_decode_tokens_per_s", "lone client: decode tokens/s"),
+            ("prefill", "prefill_ms", "prefill_ms", "lone client: prefill time"),
+            ("batched", "batched_tokens_per_s", "batched_tokens_per_s", "clients: aggregate tokens/s"),
+        ):
+            a, b = row[ours]["median"], vllm[theirs]["median"]
+            value = a / b if a and b else None
+            report[f"{name}_{route}_over_vllm"] = judged(
+                f"{what}, {route} / vLLM CPU (medians)", spread([value] if value else []), value, None
+            )
+    return report
+
+
 def _command(args, routes, prompt_target, output, clients, repeats) -> str:
     parts = ["kvscope bench", f"--dtypes {','.join(routes)}", f"--model {args.model}"]
     parts += [f"--device {args.device}"] if args.device != "auto" else []
@@ -359,15 +414,13 @@ def print_report(report: dict, out: TextIO) -> None:
                 file=out,
             )
     _print_anchor(report.get("anchor"), out)
+    _print_vllm(report.get("vllm_anchor"), s["clients"], out)
     print("\nratios (median over repeats [min-max]) and the targets:", file=out)
     for r in report["ratios"].values():
         sp = r["spread"]
         verdict = {True: "met", False: "MISSED", None: "-"}[r["met"]]
-        print(
-            f"  {r['what']}: {_f(r['value'], 2)}x [{_f(sp.get('min'), 2)}-{_f(sp.get('max'), 2)}] "
-            f"(target {r['direction']} {r['target']}: {verdict})",
-            file=out,
-        )
+        target = f" (target {r['direction']} {r['target']}: {verdict})" if r["target"] is not None else ""
+        print(f"  {r['what']}: {_f(r['value'], 2)}x [{_f(sp.get('min'), 2)}-{_f(sp.get('max'), 2)}]{target}", file=out)
 
 
 def _print_anchor(anchor: dict | None, out: TextIO) -> None:
@@ -381,5 +434,22 @@ def _print_anchor(anchor: dict | None, out: TextIO) -> None:
         f"\nllama.cpp anchor ({anchor['engine']}, {anchor['threads']} threads, same GGUF and token ids): lone decode "
         f"{_f(anchor['lone_decode_tokens_per_s']['median'])} tok/s, prefill {_f(anchor['prefill_ms']['median'])} ms; "
         f"{a['identical']}/{a['compared']} quality answers identical to the reference route's",
+        file=out,
+    )
+
+
+def _print_vllm(vllm: dict | None, clients: int, out: TextIO) -> None:
+    if vllm is None:
+        return
+    if not vllm["available"]:
+        print(f"\nvLLM anchor: not run: {vllm['why']}", file=out)
+        return
+    a = vllm["agreement"]
+    print(
+        f"\nvLLM anchor ({vllm['engine']}, worker on {vllm['threads'] or '?'} core(s), same weights and token ids, "
+        f"alone on the machine): lone decode {_f(vllm['lone_decode_tokens_per_s']['median'])} tok/s, prefill "
+        f"{_f(vllm['prefill_ms']['median'])} ms, {clients} clients {_f(vllm['batched_tokens_per_s']['median'])} tok/s; "
+        f"{a['identical']}/{a['compared']} quality answers identical to the reference route's; "
+        f"ready after {vllm['ready_s']:.0f} s; {vllm['capacity'] or 'no capacity line'}",
         file=out,
     )

@@ -80,9 +80,10 @@ def add_parser(subparsers) -> None:
     )
     b.add_argument(
         "--anchor",
-        choices=["llamacpp"],
+        choices=["llamacpp", "vllm"],
         help="with the --dtypes comparison (implied), run llama.cpp on the same GGUF and token ids in the same run "
-        "(node-llama-cpp 3.21.1's prebuilt CPU binaries, or llama-cpp-python); says so plainly when it is missing",
+        "(node-llama-cpp 3.21.1's prebuilt CPU binaries, or llama-cpp-python); vllm: llama.cpp, then vLLM's CPU "
+        "build (make test-vllm installs it) after the engine's turns; says so plainly when one is missing",
     )
     b.add_argument(
         "--quick", action="store_true", help=f"a small grid that ends in under 3 minutes on 2 CPU cores ({QUICK_NOTE})"
@@ -143,6 +144,13 @@ def add_parser(subparsers) -> None:
         default=4.0,
         help="the class scenario's arrivals spread over this many seconds (default 4)",
     )
+    b.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="instead of the grid: what batch-invariant mode costs, in one in-process run: a lone client and "
+        "--concurrency clients (default 8), --output-lens tokens (default 32), default mode then the mode "
+        "(bench/invariance.py)",
+    )
     b.set_defaults(func=run_bench)
 
 
@@ -192,6 +200,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from .dtypes import run_dtypes
 
         return run_dtypes(args)
+    if getattr(args, "batch_invariant", False):
+        from .invariance import run_invariance
+
+        return run_invariance(args)
     if getattr(args, "batching", False) or getattr(args, "class_scenario", False):
         from .batching import run_batching
 

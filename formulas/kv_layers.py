@@ -1,11 +1,13 @@
 """KV-cache bytes for a model described as layer groups: the exact arithmetic the calculator shows.
 
 A model is a list of groups (kind, layer count, parameters): full attention (MHA/GQA/MQA), MLA (one latent +
-RoPE vector per layer, no factor 2), sliding window (holds min(T, W) positions), chunked local (at most C), a
-fixed per-sequence state (linear attention / state space: conv + recurrent elements), and shared layers (reuse
-another layer's KV, allocate nothing). Storage (element bits, scales per tensor / head / group of G), paged
-block rounding and tensor parallelism apply per group. static/js/calculator/kv-layers.js is the twin; both are
-checked against static/data/kv_golden.json `layer_cases`. Rules and sources: docs/calculator.md.
+RoPE vector per layer, no factor 2), sliding window (at most W positions during a step: transformers stores the
+last W − 1 and appends the new one), chunked local (at most C), a fixed per-sequence state (linear attention /
+state space: conv + recurrent elements, the conv state in transformers' or vLLM's columns), and shared layers
+(reuse another layer's KV, allocate nothing). Storage (element bits, scales per tensor / head / group of G, with
+or without zero points), paged block rounding and tensor parallelism apply per group; vllm_capacity reproduces
+the capacity line vLLM logs at start. static/js/calculator/kv-layers.js is the twin; both are checked against
+static/data/kv_golden.json `layer_cases`. Rules and sources: docs/calculator.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from formulas.kv_math import kv_cache_bytes
 ELEMENT_BITS = {"fp32": 32, "fp16": 16, "fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
 KINDS = ("full", "sliding", "chunked", "mla", "state", "shared")
 SCALES = ("none", "tensor", "head", "group")
+CONV_COLUMNS = ("transformers", "vllm")  # the conv state keeps conv_kernel columns (transformers) or one fewer (vLLM)
+# The --kv-cache-dtype values whose pages this file models: auto (the model's fp32 / bf16 / fp16), fp8 (e4m3) and
+# fp8_e5m2. vLLM 0.32.0 has more (vllm/config/cache.py CacheDType: fp8_inc, fp8_ds_mla, nvfp4, int8_per_token_head…).
+VLLM_KV_TYPES = ("fp32", "fp16", "fp8", "fp8_e5m2")
+VLLM_KV_TYPES_TEXT = (
+    "reproduced for vLLM's fp32, bf16 / fp16 (--kv-cache-dtype auto), fp8 and fp8_e5m2 caches; vLLM 0.32.0 has others"
+    " (fp8_inc, nvfp4, int8_per_token_head, among more) whose pages this calculator does not model"
+)
 MAX_EXACT = 2**53 - 1  # beyond this a double (the JS twin) cannot hold a whole byte count
 
 
@@ -39,6 +49,8 @@ class Storage:
     block_size: int = 1  # paged positions per block; 1 = no rounding
     tp: int = 1
     state_bytes: int = 2  # element size of the per-sequence state (conv + recurrent)
+    zero_point: bool = False  # asymmetric quantisation: one zero point beside each scale, the same size
+    conv_columns: str = "transformers"
 
     @classmethod
     def of(cls, d: dict) -> Storage:
@@ -60,6 +72,10 @@ def check_storage(s: Storage) -> None:
     for key, lo, hi in (("group_size", 1, 65536), ("scale_bytes", 1, 8), ("block_size", 1, 4096), ("tp", 1, 1024)):
         _whole(s.__dict__, key, lo, hi, key)
     _whole(s.__dict__, "state_bytes", 1, 8, "state_bytes")
+    if not isinstance(s.zero_point, bool):
+        raise KvInputError("zero_point", "must be true or false")
+    if s.conv_columns not in CONV_COLUMNS:
+        raise KvInputError("conv_columns", f"must be one of {', '.join(CONV_COLUMNS)}")
 
 
 def check_group(g: dict, i: int) -> None:
@@ -81,6 +97,8 @@ def check_group(g: dict, i: int) -> None:
     if kind == "state":
         _whole(g, "conv", 0, 2**40, f"{where}.conv")
         _whole(g, "state", 0, 2**40, f"{where}.state")
+        if "conv_kernel" in g:
+            _whole(g, "conv_kernel", 1, 1024, f"{where}.conv_kernel")
 
 
 def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
@@ -90,16 +108,28 @@ def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     return max(1, kv_heads // tp)
 
 
+def check_attention_heads(heads: int | None, tp: int) -> None:
+    """vLLM refuses a TP that does not divide the attention heads (vllm/config/model.py
+    ModelConfig.verify_with_parallel_config: "Total number of attention heads (71) must be divisible by tensor
+    parallel size (2)."), whatever the KV heads; `heads` None (not given) is not checked."""
+    if heads is not None and heads % tp:
+        raise KvInputError(
+            "tp", f"{tp} GPUs cannot split {heads} attention heads (num_attention_heads) evenly, which vLLM requires"
+        )
+
+
 def _vector_bytes(elements: int, bits: int) -> int:
     return math.ceil(elements * bits / 8)  # int4 packs two elements a byte; an odd count still takes its byte
 
 
 def _scale_bytes_per_token(vectors: int, width: int, s: Storage) -> int:
-    """Scale bytes one position adds to one layer: `vectors` vectors of `width` elements (K and V heads, or MLA's one)."""
+    """Scale bytes one position adds to one layer: `vectors` vectors of `width` elements (K and V heads, or MLA's
+    one); a zero point beside each scale doubles them."""
+    each = s.scale_bytes * (2 if s.zero_point else 1)
     if s.scale == "head":
-        return vectors * s.scale_bytes
+        return vectors * each
     if s.scale == "group":
-        return vectors * math.ceil(width / s.group_size) * s.scale_bytes
+        return vectors * math.ceil(width / s.group_size) * each
     return 0
 
 
@@ -116,6 +146,8 @@ def layer_token_bytes(g: dict, s: Storage) -> int:
 
 
 def positions_held(g: dict, tokens: int) -> int:
+    """Positions a group holds while the T-th is computed: a window keeps W (transformers stores W − 1 between
+    steps and appends the new one; vLLM frees whole blocks, so it may hold up to one block more)."""
     kind = g["kind"]
     if kind == "sliding":
         return min(tokens, g["window"])
@@ -130,7 +162,15 @@ def _fixed_scale_bytes(g: dict, s: Storage) -> int:
     """Per-tensor scales: one per K and per V tensor of each layer (MLA: one), per GPU, whatever the traffic."""
     if s.scale != "tensor" or g["kind"] not in ("full", "sliding", "chunked", "mla"):
         return 0
-    return g["layers"] * (1 if g["kind"] == "mla" else 2) * s.scale_bytes
+    return g["layers"] * (1 if g["kind"] == "mla" else 2) * s.scale_bytes * (2 if s.zero_point else 1)
+
+
+def state_elements(g: dict, s: Storage) -> int:
+    """Conv + recurrent elements of one state layer: vLLM's conv state keeps conv_kernel − 1 columns."""
+    conv = g["conv"]
+    if s.conv_columns == "vllm" and g.get("conv_kernel"):
+        conv = conv // g["conv_kernel"] * (g["conv_kernel"] - 1)
+    return conv + g["state"]
 
 
 def group_bytes(g: dict, tokens: int, s: Storage) -> dict:
@@ -140,7 +180,7 @@ def group_bytes(g: dict, tokens: int, s: Storage) -> dict:
     per_layer_token = layer_token_bytes(g, s)
     state = 0
     if g["kind"] == "state":
-        state = g["layers"] * math.ceil((g["conv"] + g["state"]) / s.tp) * s.state_bytes
+        state = g["layers"] * math.ceil(state_elements(g, s) / s.tp) * s.state_bytes
     return {
         "kind": g["kind"],
         "layers": g["layers"],
@@ -183,10 +223,60 @@ def cache_bytes(groups: list[dict], tokens: int, sequences: int, storage: Storag
 
 
 def naive_bytes(naive: dict, tokens: int, sequences: int, kv_dtype: str) -> int:
-    """The one formula, 2 × layers × KV heads × head dim × bytes × T × N, on the config's top-level numbers."""
+    """The one formula, 2 × layers × KV heads × head dim × bytes × T × N, on the config's top-level numbers; for
+    MLA the uncompressed cache it replaces: layers × heads × (key dim + value dim) × bytes × T × N."""
+    if "key_dim" in naive:
+        per_token = naive["layers"] * naive["kv_heads"] * (naive["key_dim"] + naive["value_dim"])
+        return math.ceil(per_token * ELEMENT_BITS[kv_dtype] / 8) * tokens * sequences
     return kv_cache_bytes(
         naive["layers"], naive["kv_heads"], naive["head_dim"], ELEMENT_BITS[kv_dtype] / 8, tokens, sequences
     )
+
+
+def further_token_bytes(groups: list[dict], tokens: int, storage: Storage | dict) -> int:
+    """Bytes one more position adds to one sequence past `tokens`, over all GPUs (before block rounding): the
+    layers still growing there; a window or chunk already full adds nothing."""
+    s = storage if isinstance(storage, Storage) else Storage.of(storage)
+    grows = [g for g in groups if positions_held(g, tokens + 1) > positions_held(g, tokens)]
+    return sum(g["layers"] * layer_token_bytes(g, s) for g in grows) * s.tp
+
+
+def python_2f(value: float) -> str:
+    """How vLLM prints the concurrency ("%.2fx"): Python's rounding, half to even on the double."""
+    return "%.2f" % value
+
+
+def vllm_capacity(groups: list[dict], storage: Storage | dict, space_bytes: int, max_model_len: int) -> dict:
+    """The line vLLM logs at start, "KV cache size: N tokens, Maximum concurrency for L tokens per request: C x",
+    for a model whose every layer is full attention or every layer MLA (vllm/v1/core/kv_cache_utils.py:
+    num_blocks = space // page_size // layers, page_size = block_size × one position's bytes in one layer;
+    concurrency = num_blocks / cdiv(L, block_size); tokens = int(concurrency × L)), on one GPU's KV space."""
+    s = storage if isinstance(storage, Storage) else Storage.of(storage)
+    check_storage(s)
+    if len(groups) != 1 or groups[0]["kind"] not in ("full", "mla"):
+        raise KvInputError("groups", "reproduced only for models whose every layer is full attention (or MLA)")
+    # Any positive --block-size: vLLM 0.32.0's CacheConfig.block_size is Field(gt=0); the attention backend may
+    # refuse a size (get_supported_kernel_block_sizes), which is the backend's rule, not the capacity line's.
+    if s.kv_dtype not in VLLM_KV_TYPES:
+        raise KvInputError("kv_dtype", VLLM_KV_TYPES_TEXT)
+    if s.scale not in ("none", "tensor"):
+        raise KvInputError("scale", "vLLM's fp8 cache keeps its scales per tensor (k_scale, v_scale per layer)")
+    g = groups[0]
+    check_group(g, 0)
+    _whole({"v": space_bytes}, "v", 1, MAX_EXACT, "space_bytes")
+    _whole({"v": max_model_len}, "v", 1, 2**30, "max_model_len")
+    page = s.block_size * layer_token_bytes(g, s)
+    blocks = space_bytes // page // g["layers"]
+    per_request = math.ceil(max_model_len / s.block_size)
+    concurrency = blocks / per_request
+    return {
+        "page_bytes": page,
+        "blocks": blocks,
+        "blocks_per_request": per_request,
+        "tokens": int(concurrency * max_model_len),
+        "concurrency": concurrency,
+        "concurrency_text": python_2f(concurrency),
+    }
 
 
 def fit(

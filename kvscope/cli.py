@@ -50,6 +50,8 @@ def serve(args: argparse.Namespace) -> int:
     policy = policy_of(args)
     if args.class_mode and remote is None:  # a class's own defaults (app/classroom/start.py) under env and flags
         policy = class_policy(policy)
+    if args.batch_invariant:
+        policy = batch_invariant_policy(args, policy, remote)
     if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
         raise UserError(
             f"--kv-cache-mb must be a positive number of MiB, got {args.kv_cache_mb:g}", field="kv_cache_mb"
@@ -59,6 +61,7 @@ def serve(args: argparse.Namespace) -> int:
         "DEVICE": args.device,
         "DTYPE": args.dtype,
         "CUDA_GRAPHS": args.cuda_graphs,
+        "BATCH_INVARIANT": args.batch_invariant,
         "BIND_HOST": args.host,
         "PORT": args.port,
         "ALLOWED_ORIGINS": args.allow_origin or [],
@@ -163,6 +166,25 @@ def engine_lines(args: argparse.Namespace, remote: dict | None, api_key: str | N
     return lines
 
 
+def batch_invariant_policy(args: argparse.Namespace, policy: dict, remote: dict | None) -> dict:
+    """--batch-invariant's policy: prefix caching off (a class's default too: a shared prefix was computed at
+    another request's shapes); refused beside --prefix-caching, and with --engine (that server batches)."""
+    if remote is not None:
+        raise UserError("--batch-invariant is a mode of the built-in engine, not of --engine", field="batch_invariant")
+    if args.prefix_caching:
+        raise UserError("--batch-invariant turns prefix caching off: drop --prefix-caching", field="prefix_caching")
+    return {**policy, "prefix_caching": False}
+
+
+def add_batch_invariant_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's logits are the same bits whatever else is served: decode steps padded to --max-num-seqs "
+        "rows, prompts prefilled alone, prefix caching off; slower (docs/reliability.md)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description="Inside a streaming answer: a real model, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode steps captured once per batch size and replayed as CUDA graphs: auto = on CUDA, off = never "
         "(default auto)",
     )
+    add_batch_invariant_flag(s)
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument(
         "--timeout",

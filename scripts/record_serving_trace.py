@@ -70,6 +70,30 @@ def remote(url: str):
     return post, facts, lambda: None
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's model name as Linux's /proc/cpuinfo gives it ("Intel(R) Xeon(R) Processor"), or ""
+    where there is no such file (not Linux) or no such line."""
+    try:
+        with cpuinfo.open(encoding="utf-8") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def machine_name() -> str:
+    """The machine a recording was made on, as the page names it: the CPU's model name, its architecture
+    and core count ("Intel(R) Xeon(R) Processor, x86_64, 2 cores")."""
+    return ", ".join(part for part in (cpu_model(), platform.machine(), f"{os.cpu_count()} cores") if part)
+
+
+def with_processor(body: dict, processor: str) -> dict:
+    """An experiment's answer with its machine naming the processor it ran on (the server names only its
+    architecture): added where known, never guessed."""
+    if not processor:
+        return body
+    return {**body, "machine": {**body.get("machine", {}), "processor": processor}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a started kvscope server (policy changes allowed); default: in-process")
@@ -91,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             if status != 200:
                 print(json.dumps(body), file=sys.stderr)
                 return 1
-            experiments[name] = body
+            # in-process, this script's processor is the one that ran the experiment; a remote server's is not known
+            experiments[name] = body if args.url else with_processor(body, cpu_model())
     finally:
         close()
     recorded_on = {
-        "machine": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores".replace(" ,", ","),
+        "machine": machine_name(),
         "load_1m": round(load_start, 2),
         "load_1m_end": round(os.getloadavg()[0], 2),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -106,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         **host_context(),  # of the machine running this script (the server's, in-process)
     }
     if args.only and "recorded_on" in old:  # a merge: the other experiments keep the recording they came from
-        merged = {"experiments": names, "date": recorded_on["date"], "load_1m": recorded_on["load_1m"]}
+        merged = {
+            "experiments": names,
+            "date": recorded_on["date"],
+            "machine": recorded_on["machine"],
+            "cpu_capability": recorded_on["cpu_capability"],
+            "load_1m": recorded_on["load_1m"],
+            "load_1m_end": recorded_on["load_1m_end"],
+        }
         recorded_on = {**old["recorded_on"], "merged": [*old["recorded_on"].get("merged", []), merged]}
     trace = {"schema": 1, "recorded_on": recorded_on, "experiments": experiments}
     problems = check_trace(trace)

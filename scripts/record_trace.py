@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model_runner.trace import EXAMPLE_REQUEST, dumps_trace, record, validate_trace, warm_up, with_attention  # noqa: E402
+from scripts.record_serving_trace import machine_name  # noqa: E402
 
 DEFAULT_OUT = ROOT / "static" / "data" / "trace-example.json"
 RUN_LIMIT_S = 900.0
@@ -55,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
             engine,
             request,
             note="Recorded with scripts/record_trace.py after one warm-up request; "
-            "times are this machine's, measured by the engine.",
+            "times are the recording machine's, measured by the engine.",
         )
     finally:
         engine.shutdown()
+    # the page names the recording machine: its processor's model, not only its architecture
+    trace["recorded_on"]["machine"] = machine_name().rsplit(", ", 1)[0]  # the cores are its own field, cpus
     problems = validate_trace(trace)
     if problems:
         print("record_trace: the recorded trace is not valid: " + "; ".join(problems), file=sys.stderr)

@@ -5,11 +5,17 @@ ends the request and the server's running count falls back (where it has vLLM's 
 proxy's cost: TTFT and decode tok/s through the proxy vs streaming from the server directly, same run,
 as ratios. Prints one JSON object; exit status 1 when a check fails. tests/remote/ runs these functions.
 
-On a GPU machine (vLLM is not installed on the teaching machines):
+On a GPU machine (vLLM's CUDA build, in its own venv):
 
-    pip install vllm                                   # in its own venv, CUDA build
+    pip install vllm
     vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --port 8001 --max-model-len 2048 &
     .venv/bin/python scripts/vllm_check.py --url http://127.0.0.1:8001 --engine-config PATH_TO_MODEL_FOLDER
+
+On this CPU machine, vLLM's CPU build (`make test-vllm` installs it into .venv-vllm and runs these checks):
+
+    .venv/bin/python scripts/vllm_serve.py --port 8001 &
+    .venv/bin/python scripts/vllm_check.py --url http://127.0.0.1:8001 \
+        --engine-config "$(.venv/bin/python scripts/vllm_serve.py --prepare)"
 """
 
 from __future__ import annotations
@@ -164,11 +170,12 @@ def check_cancel(url: str, proxy: str, max_tokens: int = 400) -> dict:
 
     with connect(proxy.replace("http", "ws", 1) + "/ws", additional_headers={"Origin": proxy}) as ws:
         ws.send(json.dumps({"type": "generate", "request_id": "c", "messages": MESSAGES, "max_new_tokens": max_tokens}))
-        seen = []
+        seen, before = [], None
         while True:
             event = json.loads(ws.recv(timeout=120))
             seen.append(event["type"])
-            if event["type"] == "token":
+            if event["type"] == "token" and before is None:
+                before = running(url)  # the server is running it now (where it has /metrics)
                 ws.send(json.dumps({"type": "cancel", "request_id": "c"}))
             if event["type"] in ("finished", "cancelled", "error"):
                 break
@@ -176,8 +183,10 @@ def check_cancel(url: str, proxy: str, max_tokens: int = 400) -> dict:
     while after not in (None, 0.0) and time.monotonic() < deadline:
         time.sleep(0.2)
         after = running(url)
+    unseen = "no /metrics: not observable"
     return {"ok": seen[-1] == "cancelled" and after in (None, 0.0), "end": seen[-1],
-            "server_running_after": after if after is not None else "no /metrics: not observable"}  # fmt: skip
+            "server_running_before": before if before is not None else unseen,
+            "server_running_after": after if after is not None else unseen}  # fmt: skip
 
 
 def measure_cost(url: str, proxy: str, rounds: int = 5, max_tokens: int = 64) -> dict:

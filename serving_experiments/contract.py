@@ -26,7 +26,10 @@ RESULT_KEYS = {
     "attention_cost": {"points", "fit", "floor", "limit", "kv_bytes_per_token"},
     "speculative": {"method", "cases"},
     "pricing": {"prefill_ms_per_token", "decode_ms_per_token", "ratio", "prompt_tokens", "new_tokens"},
+    "batch_invariance": {"requests", "new_tokens", "runs", "cost"},
 }
+# Experiments recorded in a file of their own, not in static/data/serving-trace.json.
+RECORDED_APART = {"batch_invariance": "static/data/invariance-trace.json"}
 CELLS = {"prefill", "decode", "waiting", "idle", "done", "preempted"}
 
 
@@ -56,7 +59,10 @@ def _check_why_batch(result: dict) -> list[str]:
     if [p["batch"] for p in result["points"]] != list(BATCHES):
         out.append(f"why_batch: batches {[p.get('batch') for p in result['points']]} != {list(BATCHES)}")
     if "roofline" in result:
-        out += _missing("why_batch.roofline", result["roofline"], {"peak_flops_s", "bandwidth_bytes_s", "points"})
+        roof = result["roofline"]
+        out += _missing("why_batch.roofline", roof, {"peak_flops_s", "bandwidth_bytes_s", "points"})
+        for point in roof.get("points", []):  # each judged against the kernels that ran it
+            out += _missing("why_batch.roofline.points[]", point, {"kernel", "kernel_ms", "memory_ms", "held_by"})
     return out
 
 
@@ -135,6 +141,7 @@ RESULT_CHECKS = {
     "attention_cost": _check_attention,
     "speculative": _check_speculative,
     "pricing": lambda result: [],
+    "batch_invariance": lambda result: _missing("batch_invariance.runs", result["runs"], {"default", "invariant"}),
 }
 
 
@@ -146,7 +153,9 @@ def check_trace(data: Any) -> list[str]:
     if data["schema"] != 1:
         problems.append(f"trace: schema {data['schema']!r} != 1")
     problems += _missing("trace.recorded_on", data["recorded_on"], {"machine", "load_1m", "date", "model"})
-    problems += [f"trace: no experiment `{n}`" for n in EXPERIMENTS if n not in data["experiments"]]
+    problems += [
+        f"trace: no experiment `{n}`" for n in EXPERIMENTS if n not in data["experiments"] and n not in RECORDED_APART
+    ]
     for name, body in data["experiments"].items():
         problems += check_response(name, body)
     return problems

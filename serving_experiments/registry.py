@@ -9,6 +9,7 @@ from typing import Callable
 from model_runner.errors import UserError
 from serving_experiments.experiments import (
     attention_cost,
+    batch_invariance,
     batching,
     chunked_prefill,
     paged_blocks,
@@ -46,6 +47,13 @@ EXPERIMENTS = {
         ),
         Experiment("speculative", "Speculative decoding", speculative.PARAMS, speculative.run, False),
         Experiment("pricing", "Prefill against decode: the price of a token", pricing.PARAMS, pricing.run, False),
+        Experiment(
+            "batch_invariance",
+            "Why the same prompt can answer differently",
+            batch_invariance.PARAMS,
+            batch_invariance.run,
+            True,  # switches batch-invariant mode (and prefix caching off) for its run
+        ),
     )
 }
 

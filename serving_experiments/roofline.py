@@ -1,23 +1,26 @@
-"""The roofline: the machine's two ceilings, measured (a matmul's FLOP/s in the kernel the layers run,
-a large copy's bytes/s), and each measured step placed under them by the cost model's FLOPs and bytes
-(formulas/cost.py), with the roof it could reach, the share it reached and a verdict in words."""
+"""The roofline per kernel that ran: each measured step is set beside the time its own kernels take alone
+(one decoder layer's projections as the model calls them at the step's row count, times the layers, plus the
+head; float32 GEMM for a prompt of FLOAT_ROWS rows or more, the int4/int8 kernel for a decode batch) and the
+time its bytes take at the copy bandwidth; the larger of the two is the step's floor, and the verdict says
+which of them, or neither (overhead), holds it back. FLOPs and bytes are formulas/cost.py's."""
 
 from __future__ import annotations
 
 import functools
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from formulas import cost
 from model_runner.loading.model_shape import shape_of
 
-# A point reaching under half the roof above it is not held back by that roof: the rest of its time goes
-# to launching kernels and bookkeeping. Half, because a kernel-bound step on a quiet machine reaches well
-# over half of its ceiling (the matmul and copy are measured best-of-7), and a step at a quarter is
-# spending three quarters of its time elsewhere.
+# A step whose floor (its kernels alone, or its bytes at the copy bandwidth) fills under half of its time
+# is not held back by either: the rest of its time goes to launching operations and bookkeeping. Half,
+# because a step that spends more than half its time outside its kernels is mostly doing something else.
 HELD_BY_ROOF = 0.5
-OVERHEAD = "below both roofs: overhead — launching and bookkeeping, not arithmetic or memory"
 QUANTIZED_ROUTES = ("int4", "int8")
+REPEATS = 9  # each kernel's best of this many calls, interleaved, so a busy moment spoils one call of each
+GEMM_ROWS = (64, 256, 1024)  # the float32 GEMM's own peak on this model's shapes: prompt sizes well past a prompt's
 
 
 def _sync(device) -> None:
@@ -75,7 +78,7 @@ def matmul_rate(device, dtype, n: int = 1024, repeats: int = 7) -> dict[str, Any
 
 def kernel_rate(device, route: str, n: int = 1024, repeats: int = 7) -> dict[str, Any]:
     """Best-of-N of the int4 or int8 route's own weight kernel (model_runner/loading/quantize.py) on an
-    n x n weight and n bfloat16 input rows: the compute ceiling of the layers as they run."""
+    n x n weight and n bfloat16 input rows (the bench's ceiling; the roofline times the model's own layers)."""
     import torch
 
     from model_runner.loading.quantize import MM_DTYPE, Int4Linear, Int8Linear
@@ -93,7 +96,7 @@ def kernel_rate(device, route: str, n: int = 1024, repeats: int = 7) -> dict[str
 
 
 def compute_rate(device, route: str) -> dict[str, Any]:
-    """The compute ceiling in the dtype the layers run: the route's kernel, or a matmul in its float dtype."""
+    """A compute rate in the dtype the layers run (the bench's): the route's kernel, or a matmul in its float dtype."""
     import torch
 
     if route in QUANTIZED_ROUTES:
@@ -103,67 +106,236 @@ def compute_rate(device, route: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def ceilings(device: str, dtype: str) -> tuple[float, float]:
-    """(FLOP/s, copy bytes/s) of this machine, measured once per process: `dtype` is the route the layers run
-    (float32, bfloat16, float16, int4 or int8); the FLOP/s is that kernel's."""
+    """(FLOP/s, copy bytes/s) of this machine, measured once per process (the bench's and the attention-cost
+    floor's): `dtype` is the route the layers run; the FLOP/s is that kernel's at 1,024 rows."""
     import torch
 
     dev = torch.device(device)
     return compute_rate(dev, dtype)["gflop_per_s"] * 1e9, copy_bandwidth(dev)["gb_per_s"] * 1e9
 
 
-def verdict(intensity: float, share: float, ridge: float) -> str:
-    """What holds a point back, from where it sits: the roof above it when it reaches HELD_BY_ROOF of it."""
+# ---- the kernels a step runs --------------------------------------------------------------------------
+
+
+def _decoder_layers(model):
+    """The model's repeated decoder layers: the first module list as long as its config's layer count."""
+    from torch import nn
+
+    count = model.config.num_hidden_layers
+    return next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == count)
+
+
+def _head(model):
+    """The LM head as it runs (a RescoredHead on the quantized routes, else the model's own linear layer)."""
+    return next(m for name, m in model.named_modules() if name.split(".")[-1] == "lm_head")
+
+
+def _projections(layer) -> list:
+    """One decoder layer's linear projections in the order the model calls them (q, k, v, o, gate, up, down)."""
+    from torch import nn
+
+    from model_runner.loading.quantize import QUANTIZED
+
+    return [m for m in layer.modules() if isinstance(m, (nn.Linear, *QUANTIZED))]
+
+
+def kernel_name(route: str, rows: int, decode: bool) -> str:
+    """The kernel a call of `rows` rows runs on this route, in words (quantize.py's rule: FLOAT_ROWS rows or
+    more of a prompt take the float32 copies; a decode step stays on the route's kernel at any width)."""
+    if route not in QUANTIZED_ROUTES:
+        return f"{route} GEMM"
+    if not decode and rows >= cost.FLOAT_ROWS:
+        return "float32 GEMM"
+    return f"{route} kernel"
+
+
+class Kernels:
+    """Times the model's own kernels at a row count: one decoder layer's projections as the model calls them
+    (siblings joined as they run), times the layers, and the head at its logits rows; best of REPEATS."""
+
+    def __init__(self, loaded):
+        import torch
+
+        self.model = loaded.model
+        self.device = torch.device(loaded.facts.device)
+        self.dtype = next(self.model.parameters()).dtype
+        layers = _decoder_layers(self.model)
+        self.layers = len(layers)
+        self.projections = _projections(layers[0])
+        self.head = _head(self.model)
+
+    def _x(self, rows: int, width: int):
+        import torch
+
+        return torch.randn(1, rows, width, device=self.device, dtype=self.dtype)
+
+    def _layer_call(self, rows: int):
+        def run():
+            inputs = {}  # one tensor a width: siblings (q, k, v; gate, up) share one call on the same input
+            for module in self.projections:
+                x = inputs.setdefault(module.in_features, self._x(rows, module.in_features))
+                module(x)
+
+        return run
+
+    def _head_call(self, rows: int):
+        x = self._x(rows, self.head.in_features)
+        return lambda: self.head(x)
+
+    def _timed(self, rows: int, decode: bool, work) -> float:
+        import torch
+
+        from model_runner.loading.quantize import kernel_step
+
+        with torch.inference_mode(), kernel_step() if decode else nullcontext():
+            return _best_of(self.device, 1, work)
+
+    def measure(self, calls: list[tuple[str, int, bool]]) -> dict[tuple[str, int, bool], float]:
+        """{(part, rows, decode): best seconds} for each ("layers" | "head", rows, decode), measured in rounds
+        so a busy moment of a shared machine spoils one call of each rather than all calls of one."""
+        works = {c: (self._layer_call if c[0] == "layers" else self._head_call)(c[1]) for c in calls}
+        for call, work in works.items():
+            self._timed(call[1], call[2], work)  # warm: kernel selection, allocation
+        best = dict.fromkeys(calls, float("inf"))
+        for _ in range(REPEATS):
+            for call, work in works.items():
+                best[call] = min(best[call], self._timed(call[1], call[2], work))
+        return {c: (s * self.layers if c[0] == "layers" else s) for c, s in best.items()}
+
+    def layer_flops(self, rows: int) -> int:
+        return 2 * rows * self.layers * sum(m.in_features * m.out_features for m in self.projections)
+
+
+# ---- judging a point ------------------------------------------------------------------------------------
+
+
+def kernels_text(route: str, rows: int, decode: bool) -> str:
+    """The kernels a step ran, in words: the layers' kernel at its rows and the head's pass at its logits rows."""
+    layers = f"the {kernel_name(route, rows, decode)} at {rows} row{'s' if rows != 1 else ''}"
+    head_rows = rows if decode else 1
+    if route not in QUANTIZED_ROUTES:
+        return f"{layers} and the head"
+    return f"{layers} and the head's int8 pass at {head_rows} row{'s' if head_rows != 1 else ''}"
+
+
+def verdict(held_by: str, kernel: str) -> str:
+    """The verdict in words, from what holds the step back (the larger floor, if it fills HELD_BY_ROOF)."""
+    if held_by == "overhead":
+        return "overhead: the step's own kernels and its bytes fill under half of it"
+    if held_by == "memory":
+        return "memory-bound: its bytes at the copy bandwidth take longer than its kernels and fill at least half of the step"
+    if held_by == "kernel-streaming":
+        return f"held by the {kernel}, which reads its weights at half the copy bandwidth or more: near memory speed"
+    if kernel.startswith(QUANTIZED_ROUTES):
+        return f"held by the {kernel}'s arithmetic (unpacking its weights and the dot products), not by memory"
+    return f"compute-bound: held by the {kernel}"
+
+
+def judge(
+    flops: float, read: float, step_s: float, kernel_s: float, bandwidth: float, kernel: str, weights: float
+) -> dict:
+    """A measured step against its two floors: its kernels alone (kernel_s, measured) and its bytes at the copy
+    bandwidth (computed); the step's ceiling is its FLOPs over the larger floor and its share that floor over
+    its time. What holds it back: nothing it measures when the floor fills under HELD_BY_ROOF of the step
+    (overhead); memory when its bytes take longer than its kernels; else its kernels: "kernel-streaming" when
+    they read the `weights` at HELD_BY_ROOF of the copy bandwidth or more, else their own arithmetic ("kernel")."""
+    memory_s = read / bandwidth
+    floor_s = max(kernel_s, memory_s)
+    share = floor_s / step_s
+    streamed = weights / kernel_s / bandwidth  # the kernels' bytes a second, as a share of a plain copy's
     if share < HELD_BY_ROOF:
-        return OVERHEAD
-    return "memory-bound" if intensity < ridge else "compute-bound"
-
-
-def point(flops: float, read: float, seconds: float, peak: float, bandwidth: float) -> dict[str, Any]:
-    """One measured step: its intensity (FLOPs per byte read), FLOP/s achieved, the roof at that intensity,
-    the share of it reached and the verdict."""
-    intensity = flops / read
-    achieved = flops / seconds
-    attainable = cost.attainable_flops_s(intensity, peak, bandwidth)
-    share = achieved / attainable
+        held_by = "overhead"
+    elif memory_s >= kernel_s:
+        held_by = "memory"
+    elif streamed >= HELD_BY_ROOF:  # the kernels are the longer floor, but read near memory speed
+        held_by = "kernel-streaming"
+    else:
+        held_by = "kernel"
     return {
-        "intensity": round(intensity, 3),
-        "flops_s": round(achieved, 1),
-        "attainable_flops_s": round(attainable, 1),
+        "intensity": round(flops / read, 3),
+        "flops_s": round(flops / step_s, 1),
+        "attainable_flops_s": round(flops / floor_s, 1),
+        "step_ms": round(step_s * 1000, 3),
+        "kernel_ms": round(kernel_s * 1000, 3),
+        "memory_ms": round(memory_s * 1000, 3),
+        "kernel_bandwidth_share": round(streamed, 6),
+        "kernel": kernel,
         "share": round(share, 6),
-        "verdict": verdict(intensity, share, peak / bandwidth),
+        "held_by": held_by,
+        "verdict": verdict(held_by, kernel),
     }
 
 
+def _weights_read(shape, rows: int, decode: bool) -> int:
+    """The weight bytes a call of `rows` rows reads, the head's logits rows included (one for a prompt)."""
+    return cost.weight_bytes_read(shape, rows, rows if decode else 1, decode=decode)
+
+
 def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
-    """Each measured step as a point under the machine's two ceilings: `prefill` is {tokens, ms}, each of
+    """Each measured step under the ceilings of the kernels that ran it: `prefill` is {tokens, ms}, each of
     `decodes` {batch, context, ms}; FLOPs and bytes from the loaded model's cost Shape, times as measured."""
     shape = shape_of(loaded)
-    facts = loaded.facts
-    peak, bandwidth = ceilings(facts.device, shape.route)
+    _, bandwidth = ceilings(loaded.facts.device, shape.route)
+    kernels = Kernels(loaded)
     tokens = prefill["tokens"]
-    first = point(
-        cost.prefill_flops(shape, tokens), cost.prefill_bytes(shape, tokens), prefill["ms"] / 1000, peak, bandwidth
+    batches = [d["batch"] for d in decodes]
+    calls = [("layers", tokens, False), ("head", 1, False)]
+    calls += [("layers", r, False) for r in GEMM_ROWS]
+    calls += [(part, b, True) for b in batches for part in ("layers", "head")]
+    timed = kernels.measure(calls)
+
+    prefill_kernel = kernel_name(shape.route, tokens, decode=False)
+    first = judge(
+        cost.prefill_flops(shape, tokens),
+        cost.prefill_bytes(shape, tokens),
+        prefill["ms"] / 1000,
+        timed[("layers", tokens, False)] + timed[("head", 1, False)],
+        bandwidth,
+        prefill_kernel,
+        _weights_read(shape, tokens, decode=False),
     )
-    points = [{"phase": "prefill", "tokens": tokens, **first}]
+    first["kernels"] = kernels_text(shape.route, tokens, decode=False)
+    points = [{"phase": "prefill", "tokens": tokens, "rows": tokens, **first}]
     for d in decodes:
-        flops = d["batch"] * cost.decode_flops(shape, d["context"])
-        read = cost.decode_step_bytes(shape, d["batch"], d["context"])
-        points.append({"phase": "decode", "batch": d["batch"], **point(flops, read, d["ms"] / 1000, peak, bandwidth)})
+        b = d["batch"]
+        flops = b * cost.decode_flops(shape, d["context"])
+        read = cost.decode_step_bytes(shape, b, d["context"])
+        kernel_s = timed[("layers", b, True)] + timed[("head", b, True)]
+        kernel = kernel_name(shape.route, b, decode=True)
+        p = judge(flops, read, d["ms"] / 1000, kernel_s, bandwidth, kernel, _weights_read(shape, b, decode=True))
+        p["kernels"] = kernels_text(shape.route, b, decode=True)
+        points.append({"phase": "decode", "batch": b, "rows": b, **p})
+
+    gemm = {r: kernels.layer_flops(r) / timed[("layers", r, False)] for r in (tokens, *GEMM_ROWS)}
+    gemm_kernel = kernel_name(shape.route, max(GEMM_ROWS), decode=False)
+    peak = max(gemm.values())
     return {
         "peak_flops_s": round(peak, 1),
+        "peak_kernel": f"{gemm_kernel} on this model's layers, the best of {_rows_list(sorted(gemm))} rows",
+        "gemm_flops_s": {str(r): round(v, 1) for r, v in sorted(gemm.items())},
         "bandwidth_bytes_s": round(bandwidth, 1),
         "ridge_intensity": round(peak / bandwidth, 3),
         "route": shape.route,
         "held_by_roof": HELD_BY_ROOF,
         "points": points,
-        "basis": f"peak measured on this machine in the kernel the layers run ({_peak_kernel(shape.route)}), "
-        "bandwidth by a 256 MiB copy (bytes read + written); FLOPs and bytes computed by formulas/cost.py "
-        f"from the model's {shape.route} shape; times measured in this run; a point reaching under "
-        f"{HELD_BY_ROOF:.0%} of the roof above it is called overhead",
+        "basis": "each step against its own kernels, measured on the machine that ran it: one decoder layer's "
+        f"projections as the model calls them at the step's rows (x {kernels.layers} layers) plus the head, "
+        f"best of {REPEATS} interleaved (one layer's weights can stay in cache between repeats, so the kernels' time is a "
+        "cache-warm lower bound and their share of the copy bandwidth an upper one); {_route_rule(shape.route)}; bandwidth by a 256 MiB copy (bytes read + "
+        "written); FLOPs and bytes computed by formulas/cost.py; a step whose larger floor (its kernels alone, "
+        f"or its bytes at that bandwidth) fills under {HELD_BY_ROOF:.0%} of it is called overhead",
     }
 
 
-def _peak_kernel(route: str) -> str:
+def _rows_list(rows: list[int]) -> str:
+    words = [f"{r:,}" for r in rows]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _route_rule(route: str) -> str:
     if route in QUANTIZED_ROUTES:
-        return f"torch's {route} weight kernel with bfloat16 inputs"
-    return f"a {route} matmul"
+        return (
+            f"a prompt of {cost.FLOAT_ROWS} rows or more on the float32 weights (float32 GEMM), "
+            f"a decode step on the {route} kernel and the head's int8 pass at the batch's rows"
+        )
+    return f"every step on the {route} weights"

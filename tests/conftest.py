@@ -41,7 +41,7 @@ from kvscope_testkit import (
 )
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "live", "browser", "model", "reliability", "remote")  # remote: `make test-remote` only
+TIERS = ("unit", "live", "browser", "model", "reliability", "remote", "vllm")  # remote, vllm: their own make targets
 # A test that uses one of these fixtures needs that marker, whichever folder it sits in.
 NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "real_engine_float32", "real_server"}}
 

@@ -30,3 +30,6 @@ class EngineConfig:
     # Decode steps as CUDA graphs: "auto" (on CUDA), "off" (eager), "padded" (the graphs' padded step, no
     # graph: how the CPU tests it). See core/graphs.py.
     cuda_graphs: str = CUDA_GRAPHS
+    # Batch-invariant decoding (local/invariant.py): a request's logits the same bits whatever its company;
+    # decode rows padded to the starting policy's max_num_seqs, prompts alone, prefix caching off, no graphs.
+    batch_invariant: bool = False

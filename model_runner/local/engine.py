@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
 from model_runner.local.controls import AdmissionControls
 from model_runner.local.forward import BatchForward
+from model_runner.local.invariant import Invariance, check_kernels
 from model_runner.local.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
 from model_runner.local.postprocess import Postprocess, terminal_event
 from model_runner.local.runner import run_step
@@ -44,7 +46,9 @@ class Engine(EngineBase, AdmissionControls):
         super().__init__()
         self.config = config
         self.loaded = loaded
-        self.scheduler = Scheduler(config.max_queue, config.policy)
+        policy = replace(config.policy, prefix_caching=False) if config.batch_invariant else config.policy
+        self.scheduler = Scheduler(config.max_queue, policy, batch_invariant=config.batch_invariant)
+        self.invariance: Invariance | None = None  # the mode's kernel check, once the model is loaded
         self.feed = EngineFeed()
         self.pool: PagedKVPool | None = None
         self._usage: dict[str, int] | None = None  # the pool's usage after the last step (read by any thread)
@@ -110,7 +114,8 @@ class Engine(EngineBase, AdmissionControls):
         )
         self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
-        self._forward = BatchForward(self.loaded.model, self.pool, self.config.cuda_graphs)
+        self._forwards: dict[bool, BatchForward] = {}  # by mode, each made when the mode is first used
+        self._forward = self._forward_for(self.scheduler.batch_invariant)
         self._post = Postprocess(self.loaded, self.pool, self.scheduler, self._end_now)
         self._usage = self.pool.usage().to_dict()
         self._status = "ready"
@@ -193,6 +198,12 @@ class Engine(EngineBase, AdmissionControls):
         the field and its limit) when a change is not valid."""
         with self._lock:
             policy = self.scheduler.policy.updated({**(changes or {}), **more})
+            if self.scheduler.batch_invariant and policy.prefix_caching:
+                raise UserError(
+                    "prefix caching stays off in batch-invariant mode: a shared prefix was computed inside "
+                    "another request's prompt, at other shapes, so it holds other bits",
+                    field="prefix_caching",
+                )
             self.scheduler.policy = policy
             self._wake.notify_all()
         self._announce.policy(policy)
@@ -207,6 +218,38 @@ class Engine(EngineBase, AdmissionControls):
             self._cancel(seq, cause)
         return len(seqs)
 
+    def batch_invariance(self) -> dict[str, Any]:
+        """Whether the mode is on and, when it is, what it rests on here (for /api/model and /metrics)."""
+        if not self.scheduler.batch_invariant:
+            return {"on": False}
+        return self.invariance.to_dict() if self.invariance is not None else {"on": True, "claimed": None}
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Switch batch-invariant decoding at run time (the serving chapter's experiment); the worker takes the
+        mode's forward before its next step. Refused while prefix caching is on (the mode keeps it off)."""
+        with self._lock:
+            if on and self.scheduler.policy.prefix_caching:
+                raise UserError(
+                    "turn prefix caching off before batch-invariant mode (the mode keeps it off)",
+                    field="prefix_caching",
+                )
+            self.scheduler.batch_invariant = bool(on)
+            self._wake.notify_all()
+
+    def _forward_for(self, invariant: bool) -> BatchForward:
+        """The batched forward of a mode, made once; the mode's checks its kernels at its row count first."""
+        if invariant not in self._forwards:
+            rows = 0
+            if invariant:  # the fixed row count, and what each kernel on the route gives at it
+                rows = self.scheduler.policy.max_num_seqs
+                self.invariance = check_kernels(self.loaded.model, rows)
+                if not self.invariance.claimed:
+                    log.warning("batch-invariant mode: some kernels are not row-independent: %s", self.invariance)
+            self._forwards[invariant] = BatchForward(
+                self.loaded.model, self.pool, self.config.cuda_graphs, invariant_rows=rows
+            )
+        return self._forwards[invariant]
+
     def snapshot(self) -> dict[str, Any]:
         """Counters and the pool, for health pages and observers that join late."""
         with self._lock:
@@ -219,6 +262,7 @@ class Engine(EngineBase, AdmissionControls):
                 "policy": self.scheduler.policy.to_dict(),
                 "kv": self._usage,  # the worker's copy: the pool is touched by the worker only
                 "decode": self._forward.report() if self._forward is not None else None,  # CUDA graphs
+                "batch_invariant": self.batch_invariance(),
             }
 
     @property
@@ -270,6 +314,7 @@ class Engine(EngineBase, AdmissionControls):
         with self._lock:
             self._end_cancelled_and_expired()
             self._apply_pool_policy()
+            self._forward = self._forward_for(self.scheduler.batch_invariant)
             batch = self.scheduler.schedule(self.pool)
             self._admit(batch)
         if not batch:

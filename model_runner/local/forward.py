@@ -11,8 +11,10 @@ import torch
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
 from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
+from model_runner.local import prompt_logprobs
 from model_runner.local.attention_inspect import IMPLEMENTATION, PROBE_KWARG, make_probe, register
 from model_runner.local.graphs import DecodeGraphs, graphs_wanted
+from model_runner.local.invariant import InvariantSteps
 from model_runner.local.kv_cache import FULL, PagedKVPool
 from model_runner.local.scheduler import Work
 from model_runner.local.static_step import StaticDecodeStep, is_decode_batch
@@ -53,19 +55,23 @@ def _i64(values) -> torch.Tensor:
 
 
 class BatchForward:
-    def __init__(self, model, pool: PagedKVPool, cuda_graphs: str = "auto"):
+    def __init__(self, model, pool: PagedKVPool, cuda_graphs: str = "auto", invariant_rows: int = 0):
         """cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
-        "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step)."""
+        "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step).
+        invariant_rows: batch-invariant mode (local/invariant.py) with decode rows padded to this many; no graphs."""
         use_paged_attention(model)
         self.model, self.pool = model, pool
         self.device = model.device
         self.masked = torch.finfo(model.dtype).min
-        graphs = graphs_wanted(cuda_graphs, self.device)
-        self.static = StaticDecodeStep(model, pool) if graphs or cuda_graphs == "padded" else None
+        graphs = graphs_wanted(cuda_graphs, self.device) and not invariant_rows
+        padded = graphs or cuda_graphs == "padded" or invariant_rows
+        self.static = StaticDecodeStep(model, pool) if padded else None
+        self.invariant = InvariantSteps(self, invariant_rows) if invariant_rows else None
         self.graphs = DecodeGraphs(self.static) if graphs else None
         self.static_steps = 0  # decode steps run padded (replayed or not)
         self.can_inspect = model.config._attn_implementation == IMPLEMENTATION
         self.inspected: dict[int, dict] = {}  # id(work) → its attention summary, until taken
+        self.steer_logits = getattr(model, "steer_logits", None)  # the test model's script, looked up once
 
     def take_attention(self) -> dict[int, dict]:
         """The attention summaries of the inspected rows run since the last call (id(work) → summary)."""
@@ -76,11 +82,16 @@ class BatchForward:
         """rows (blocks already reserved) → logits of the rows that want them: [n_wanting, vocab], float32
         on the CPU (one transfer for the step). Each row's tokens sit at positions seq.cached … seq.cached +
         len(tokens) − 1. A decode-only batch runs the static step when there is one; the rest run eagerly."""
-        with kernel_step() if on_kernels(rows) else nullcontext():
-            logits = self._static_decode(rows)
-            if logits is None:
-                logits = self._eager(rows)
-        return steer(self.model, [row.seq.tokens for row in rows if row.wants_logits], logits).float().cpu()
+        if self.invariant is not None:  # every row at shapes of its own (local/invariant.py)
+            logits = self.invariant(rows)
+        else:
+            with kernel_step() if on_kernels(rows) else nullcontext():
+                logits = self._static_decode(rows)
+                if logits is None:
+                    logits = self._eager(rows)
+        if self.steer_logits is not None:
+            logits = self.steer_logits([row.seq.tokens for row in rows if row.wants_logits], logits)
+        return logits.float().cpu()
 
     def _static_decode(self, rows: list[Work]) -> torch.Tensor | None:
         """The padded decode step (replayed as a graph where there are graphs); None when it does not apply:
@@ -98,7 +109,7 @@ class BatchForward:
 
     def report(self) -> dict:
         """How decode steps run, for the snapshot and /api/model: the mode, padded steps, graph captures."""
-        mode = "graphs" if self.graphs is not None else "padded" if self.static is not None else "eager"
+        mode = "graphs" if self.graphs else "invariant" if self.invariant else "padded" if self.static else "eager"
         return {"mode": mode, "static_steps": self.static_steps, **(self.graphs.report() if self.graphs else {})}
 
     def _eager(self, rows: list[Work]) -> torch.Tensor:
@@ -120,6 +131,13 @@ class BatchForward:
             self.pool.cache.extend_read_and_write_indices(row.seq.key, past, q, read if any_past else None, write)
             if row.wants_logits:
                 logit_rows.append(cu_q[-1] - 1)
+        # Rows that ask for their prompt's logprobs keep every position's logits (none do: nothing changes).
+        scored = [row for row in rows if prompt_logprobs.asks(row)]
+        wanted, spans = None, []
+        if scored:
+            logit_rows, wanted, spans = prompt_logprobs.kept_positions(rows, cu_q)
+            for row in scored:
+                prompt_logprobs.fill_skipped_prefix(self.model, row.seq)
         # Without any past in the batch the keys are this step's tokens only (transformers skips the read).
         keys = cu_k if any_past else cu_q
         # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
@@ -145,9 +163,12 @@ class BatchForward:
         )  # hidden states sliced before the LM head
         if probe:
             self.inspected.update(probe.summaries())
+        logits = out.logits[0]
+        for row, first, end in spans:
+            prompt_logprobs.record(row.seq, row.seq.cached, logits[first:end])
         for row in rows:
             row.seq.cached += len(row.tokens)
-        return out.logits[0]
+        return logits if wanted is None else logits[wanted]
 
     def _inspects(self, row: Work) -> bool:
         """Inspected: a row that yields a token for a request that asked for its attention."""

@@ -5,6 +5,7 @@ terminal event. Runs on the engine's worker thread (terminal events: on whicheve
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -19,7 +20,7 @@ from model_runner.local.scheduler import Scheduler, StepPlan, Work
 from model_runner.metrics import request_metrics
 from model_runner.shared.sequence import Sequence, State
 from model_runner.text.detokenizer import IncrementalDetokenizer, display_text
-from model_runner.text.sampler import Choice, choose, make_generator
+from model_runner.text.sampler import Choice, adjust, choose, make_generator
 from model_runner.text.stopping import StopChecker
 
 log = logging.getLogger("kvscope.engine")
@@ -79,8 +80,8 @@ class Postprocess:
         seq.prefill_start = time.monotonic()
         seq.detok = IncrementalDetokenizer(self.loaded.tokenizer)
         seq.stopper = StopChecker(
-            eos_ids=self.loaded.tokenizer.eos_ids,
-            stop=params.stop,
+            eos_ids=frozenset() if params.ignore_eos else self.loaded.tokenizer.eos_ids,
+            stop=() if params.min_new_tokens else params.stop,  # stop strings count from min_new_tokens on
             max_new_tokens=seq.max_new_tokens,
             prompt_tokens=len(seq.prompt_ids),
             context_window=facts.context_window,
@@ -115,7 +116,7 @@ class Postprocess:
             self._chunk_done(work, now, step_ms)
         if not work.wants_logits:
             return
-        choice = choose(logits[id(work)], seq.params.sampling, seq.generator)
+        choice = self._choose(seq, logits[id(work)])
         if work.kind == "prefill" and not seq.output_ids:
             self._end_prefill(seq, choice, now, size)
             self._accept_token(seq, choice, now, 0.0, size, self._attention.get(id(work)))
@@ -123,6 +124,18 @@ class Postprocess:
         if work.kind == "prefill":  # a resumed request's recompute: it decodes again from here
             self.scheduler.prefilled(seq)
         self._accept_token(seq, choice, now, step_ms, size, self._attention.get(id(work)))
+
+    def _choose(self, seq: Sequence, logits: torch.Tensor) -> Choice:
+        """The next token from the request's adjusted logits (penalties, bias; before `min_new_tokens` the
+        end tokens cannot be chosen, vLLM's min_tokens), with the alternatives the request asked for."""
+        params = seq.params
+        early = len(seq.output_ids) < params.min_new_tokens
+        banned = tuple(self.loaded.tokenizer.eos_ids) if early else ()
+        logits = adjust(logits.float().cpu(), params.sampling, seq.prompt_ids, seq.output_ids, banned)
+        choice = choose(logits, params.sampling, seq.generator)
+        if len(choice.candidates) == params.candidates:
+            return choice
+        return dataclasses.replace(choice, candidates=choice.candidates[: params.candidates])
 
     def _chunk_done(self, work: Work, now: float, step_ms: float) -> None:
         seq = work.seq
@@ -171,6 +184,8 @@ class Postprocess:
         self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int, attention: dict | None
     ) -> None:
         seq.output_ids.append(choice.token_id)
+        if len(seq.output_ids) == seq.params.min_new_tokens:  # from here on, stop strings end the answer
+            seq.stopper.stop = seq.params.stop
         seq.token_times.append(now)
         self.tokens_generated += 1
         new_text = seq.detok.feed(choice.token_id)

@@ -60,9 +60,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, max_queue: int, policy: Policy = Policy()):
+    def __init__(self, max_queue: int, policy: Policy = Policy(), batch_invariant: bool = False):
         self.max_queue = max_queue
         self.policy = policy
+        # Batch-invariant mode (local/invariant.py): a prompt's pieces are set by the request alone (never cut
+        # to what the company left of the budget), no prefix is shared, a preempted request replays its shapes.
+        self.batch_invariant = batch_invariant
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.wait_reason: dict[Sequence, str] = {}
@@ -166,11 +169,24 @@ class Scheduler:
         at least one token, so a prompt that started in chunks always finishes), else the whole
         pending prompt when it fits the budget or runs alone."""
         pending = len(seq.pending)
+        if self.batch_invariant:
+            piece = self._own_piece(seq)
+            return piece if piece <= budget or first_in_step else 0  # too big for what is left: the next step
         if seq.chunk_size:
             return min(pending, seq.chunk_size, max(budget, 1))
         if pending > budget and not first_in_step:
             return 0  # a whole prompt over the budget waits for a step of its own
         return pending
+
+    @staticmethod
+    def _own_piece(seq: Sequence) -> int:
+        """The mode's next prefill piece, from the request alone: its own chunks from position 0 (the whole
+        prompt when it does not chunk), and after a preemption the prompt the same way, then its answer one
+        token at a time, so each position is computed at the shape it first was (a decode row)."""
+        prompt_left = len(seq.prompt_ids) - seq.cached
+        if prompt_left <= 0:
+            return 1
+        return min(prompt_left, seq.chunk_size or prompt_left)
 
     def _admit(self, budget: int, was_empty: bool, pool: BlockPool, plan: StepPlan, scheduled: set[Sequence]) -> None:
         """First come, first served: admit waiting requests while the batch, the budget and the pool
@@ -189,7 +205,7 @@ class Scheduler:
             if reason is None and seq.state == State.QUEUED:
                 seq.chunk_size = self._chunk_size(seq)
             if reason is None and seq.uses_cache:
-                if seq.cached == 0 and seq.preemptions == 0:
+                if seq.cached == 0 and seq.preemptions == 0 and not self.batch_invariant:
                     seq.cached = seq.prefix_hit = pool.match_prefix(seq)
                 if self._chunk(seq, budget, first_in_step=not plan.work) == 0:
                     reason = WAIT_SLOTS

@@ -75,9 +75,10 @@ class StaticDecodeStep:
         start = self._at[name]
         return (self.strip if source is None else source)[start : start + length]
 
-    def fill(self, rows: list[Work]) -> Bucket | None:
+    def fill(self, rows: list[Work], min_rows: int = 1) -> Bucket | None:
         """Write a decode batch's inputs into the buffers; its bucket, or None (nothing written) when the
-        batch does not fit them. The padding is written too, so no earlier step's input is left behind."""
+        batch does not fit them. The padding is written too, so no earlier step's input is left behind.
+        min_rows: pad to at least this many rows (batch-invariant mode: always the same row count)."""
         read: list[list[int]] = [[]]
         write: list[list[int]] = [[]]
         cu_keys = [0]
@@ -86,8 +87,9 @@ class StaticDecodeStep:
             self.pool.cache.extend_read_and_write_indices(row.seq.key, past, 1, read, write)
             cu_keys.append(cu_keys[-1] + past + 1)
         bucket = bucket_for(len(rows), cu_keys[-1], self.max_rows, self.max_keys)
-        if bucket is None:
+        if bucket is None or min_rows > self.max_rows:
             return None
+        bucket = Bucket(max(bucket.rows, min_rows), bucket.keys)
         pad = bucket.rows - len(rows)
         host = self.host
         self._view("ids", bucket.rows, host)[:] = torch.tensor([r.tokens[0] for r in rows] + [0] * pad)

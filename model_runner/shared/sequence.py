@@ -53,6 +53,10 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     first_text_at: float | None = None
     released_text: str = ""
+    # For requests with `prompt_logprobs`: per prompt position, (log-probability of its token given the
+    # tokens before it, [(id, log-probability) of the likeliest alternatives]); None at position 0 and
+    # until its prefill has run. Filled by the batched forward (local/prompt_logprobs.py), read after the end.
+    prompt_logprobs: list | None = None
 
     @property
     def started(self) -> bool:

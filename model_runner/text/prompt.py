@@ -107,6 +107,18 @@ def render(tokenizer, messages: tuple[Message, ...], chat_template: bool = True)
     return PromptView(rendered, ids, tokens, content, len(ids) - content, messages)
 
 
+def render_ids(tokenizer, ids: tuple[int, ...], messages: tuple[Message, ...]) -> PromptView:
+    """A prompt sent as token ids (GenerateParams.prompt_ids): those ids as sent, never re-tokenized; each
+    token's text is its own bytes shown on their own, every token the prompt's (the one message's)."""
+    tokens, cursor = [], 0
+    for token_id in ids:
+        text = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        tokens.append({"id": token_id, "text": text, "start": cursor, "end": cursor + len(text), "source": "user"})
+        tokens[-1]["message"] = 0
+        cursor += len(text)
+    return PromptView(messages[0].content, list(ids), tokens, len(ids), 0, messages)
+
+
 def _overflow_message(prompt: int, new: int, window: int) -> str:
     return (
         f"prompt {prompt:,} + max_new_tokens {new:,} = {prompt + new:,} > context window {window:,}; "
@@ -126,7 +138,10 @@ def _droppable(messages: tuple[Message, ...]) -> int | None:
 def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
     """Render the prompt and apply the overflow policy; raise UserError when it cannot fit."""
     messages, dropped = params.messages, 0
-    view = render(tokenizer, messages, params.chat_template)
+    if params.prompt_ids:  # token ids as sent (POST /v1/completions): no template, no re-tokenizing
+        view = render_ids(tokenizer, params.prompt_ids, messages)
+    else:
+        view = render(tokenizer, messages, params.chat_template)
     new = params.max_new_tokens
     action = "none"
     if view.prompt_tokens + new > context_window:

@@ -159,7 +159,7 @@ def floor_of(loaded) -> dict:
         "floor_ms": r3(weights / bandwidth * 1000),
         "kv_us_per_1k_positions": r3(cost.kv_bytes_read(shape, 1000) / bandwidth * 1e6),
         "basis": "cost.py's weight bytes of one decode step (and KV bytes of 1,000 positions) over the copy "
-        "bandwidth the roofline measured on this machine (256 MiB copy, bytes read + written)",
+        "bandwidth the roofline measured on the machine that ran it (256 MiB copy, bytes read + written)",
     }
 
 

@@ -1,10 +1,11 @@
 """Paged KV blocks: requests of different lengths on the pool as it is configured; frames replay which
 request held which block at each step (from the feed's per-row block lists), beside what a contiguous
-cache sized for the context window would reserve."""
+cache would reserve: each request's prompt plus its maximum answer, as a server without paging must before it
+knows the answer's length, and (for scale) the whole context window per request."""
 
 from __future__ import annotations
 
-from serving_experiments.harness import Job, Param, ask, job
+from serving_experiments.harness import Job, Param, ask, job, prompt_ids
 from serving_experiments.prompts import NAMES, QUESTIONS, SYSTEM
 
 PARAMS = {"requests": Param(3, 2, 6), "new_tokens": Param(8, 2, 16)}
@@ -14,8 +15,11 @@ def run(engine, params: dict) -> dict:
     facts = engine.local.loaded.facts
     kv = engine.snapshot()["kv"]
     n = params["requests"]
+    payloads = {NAMES[i]: ask(QUESTIONS[i], params["new_tokens"] + 4 * i, SYSTEM) for i in range(n)}
+    # a contiguous cache reserves what a request may reach: its prompt plus its maximum answer
+    reach = sum(len(prompt_ids(engine, p)) + p["max_new_tokens"] for p in payloads.values())
     with job(engine) as j:
-        j.submit_together({NAMES[i]: ask(QUESTIONS[i], params["new_tokens"] + 4 * i, SYSTEM) for i in range(n)})
+        j.submit_together(payloads)
         j.wait()
     frames, peak = block_frames(j)
     ids = sorted({b for f in frames for b in f["owners"]})  # the blocks the job touched, by physical id
@@ -30,8 +34,10 @@ def run(engine, params: dict) -> dict:
         "reserved_bytes": peak["blocks"] * kv["bytes_per_block"],
         "used_bytes": peak["tokens"] * facts.kv_bytes_per_token,
         "pool_bytes": kv["total"] * kv["bytes_per_block"],
-        "contiguous_bytes": n * facts.context_window * facts.kv_bytes_per_token,
-        "contiguous_basis": f"{n} requests x {facts.context_window} positions (the context window)",
+        "contiguous_bytes": reach * facts.kv_bytes_per_token,
+        "contiguous_basis": f"{n} requests, each its prompt + its maximum new tokens: {reach:,} positions",
+        "window_bytes": n * facts.context_window * facts.kv_bytes_per_token,
+        "window_basis": f"{n} requests x {facts.context_window:,} positions (the context window)",
         "kv_bytes_per_token": facts.kv_bytes_per_token,
     }
 

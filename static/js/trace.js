@@ -240,6 +240,7 @@ export function deriveRun(trace) {
   const tokens = events.filter((e) => e.type === EVENT.TOKEN).map((e) => ({
     index: e.index, id: e.id, text: e.text, pending: e.pending, stepMs: e.step_ms, tMs: e.t_ms,
     cacheTokens: e.cache_tokens, cacheBytes: e.cache_bytes_measured, cacheBytesFormula: e.cache_bytes_formula, prob: e.prob,
+    kvBlocks: e.kv_blocks, kvBytesReserved: e.kv_bytes_reserved,
   }));
   const accepted = events.find((e) => e.type === EVENT.ACCEPTED) || null;
   const queue = queueOf(events);
@@ -270,7 +271,8 @@ export function deriveRun(trace) {
     text: tokens.map((t) => t.text).join(''),
     pendingCount: tokens.filter((t) => t.pending).length,
     cache: lastTok
-      ? { tokens: lastTok.cacheTokens, bytes: lastTok.cacheBytes, bytesFormula: lastTok.cacheBytesFormula }
+      ? { tokens: lastTok.cacheTokens, bytes: lastTok.cacheBytes, bytesFormula: lastTok.cacheBytesFormula,
+        blocks: lastTok.kvBlocks, reserved: lastTok.kvBytesReserved }
       : { tokens: prefill.cacheTokens, bytes: prefill.cacheBytes, bytesFormula: endEv ? endEv.cache_bytes_formula : 0 },
     // the run kept its attention weights (docs/protocol.md "inspect"): its decode steps pay for that
     inspected: Boolean(trace.request && trace.request.inspect && trace.request.inspect.attention),

@@ -23,3 +23,11 @@ def out(page, name: str):
 def field(page, name: str):
     """One of the calculator's inputs (`data-field`)."""
     return page.locator(f'{CALC} [data-field="{name}"]')
+
+
+def enter(page, name: str, value) -> None:
+    """Types `value` into a number or text field and presses Enter: the calculator uses a value only once it is
+    committed (Enter or leaving the field), never per keystroke."""
+    box = field(page, name)
+    box.fill(str(value))
+    box.press("Enter")

@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from calculator_page import CALC, field, open_calc, out
+from calculator_page import CALC, enter, field, open_calc, out
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 
@@ -53,7 +53,7 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, con
     for attr, value in {
         "role": "slider",
         "aria-valuemin": "1",
-        "aria-valuemax": "1048576",
+        "aria-valuemax": "10485760",
         "aria-valuenow": "8192",
         "aria-valuetext": "8,192 tokens",
         "tabindex": "0",
@@ -64,11 +64,11 @@ def test_opens_on_the_reference_example_labelled_computed(page, fake_server, con
 
 
 def test_number_fields_give_the_golden_totals(page, fake_server):
-    open_calc(page, fake_server)
+    open_calc(page, fake_server, "?block=1")
     for case in GOLDEN["cases"]:
         set_case(page, case)
-        field(page, "ctx").fill(str(case["tokens"]))
-        field(page, "seq").fill(str(case["sequences"]))
+        enter(page, "ctx", str(case["tokens"]))
+        enter(page, "seq", str(case["sequences"]))
         expect(out(page, "per-token"), case["id"]).to_contain_text(f"{case['bytes_per_token']:,} B")
         expect(out(page, "total"), case["id"]).to_have_text(bytes_text(case["total_bytes"], case["total_display"]))
         expect(slider(page, "ctx"), case["id"]).to_have_attribute("aria-valuenow", str(case["tokens"]))
@@ -76,7 +76,7 @@ def test_number_fields_give_the_golden_totals(page, fake_server):
 
 
 def test_keyboard_sliders_reach_the_golden_totals(page, fake_server):
-    open_calc(page, fake_server)
+    open_calc(page, fake_server, "?block=1")
     ctx, seq = slider(page, "ctx"), slider(page, "seq")
     ctx.focus()
     page.keyboard.press("Home")
@@ -96,26 +96,26 @@ def test_keyboard_sliders_reach_the_golden_totals(page, fake_server):
     page.keyboard.press("End")
     ctx.focus()
     page.keyboard.press("End")  # 1,048,576 positions × 256 sequences × 131,072 B = 2^45 B
-    expect(out(page, "total")).to_have_text(bytes_text(35_184_372_088_832, "32 TiB"))
+    expect(out(page, "total")).to_have_text(bytes_text(351_843_720_888_320, "320 TiB"))
     page.keyboard.press("PageDown")
-    expect(ctx).to_have_attribute("aria-valuenow", "524288")
+    expect(ctx).to_have_attribute("aria-valuenow", "5242880")
 
 
 def test_a_typed_value_between_stops_steps_to_its_neighbours(page, fake_server):
     open_calc(page, fake_server)
-    field(page, "ctx").fill("1200")
+    enter(page, "ctx", "1200")
     slider(page, "ctx").focus()
     page.keyboard.press("ArrowUp")
     expect(slider(page, "ctx")).to_have_attribute("aria-valuenow", "1280")
-    field(page, "ctx").fill("1200")
+    enter(page, "ctx", "1200")
     slider(page, "ctx").focus()
     page.keyboard.press("ArrowDown")
     expect(slider(page, "ctx")).to_have_attribute("aria-valuenow", "1024")
 
 
 def test_pointer_drags_the_sliders_to_their_ends(page, fake_server):
-    open_calc(page, fake_server)
-    for name, top in (("ctx", 1_048_576), ("seq", 256)):
+    open_calc(page, fake_server, "?block=1")
+    for name, top in (("ctx", 10_485_760), ("seq", 256)):
         slider(page, name).scroll_into_view_if_needed()
         box = slider(page, name).bounding_box()
         y = box["y"] + box["height"] / 2
@@ -124,7 +124,7 @@ def test_pointer_drags_the_sliders_to_their_ends(page, fake_server):
         page.mouse.move(box["x"] + box["width"] + 40, y, steps=4)
         page.mouse.up()
         expect(slider(page, name)).to_have_attribute("aria-valuenow", str(top))
-    expect(out(page, "total")).to_have_text(bytes_text(35_184_372_088_832, "32 TiB"))
+    expect(out(page, "total")).to_have_text(bytes_text(351_843_720_888_320, "320 TiB"))
     box = slider(page, "ctx").bounding_box()
     page.mouse.click(box["x"] + 1, box["y"] + box["height"] / 2)
     expect(slider(page, "ctx")).to_have_attribute("aria-valuenow", "1")
@@ -134,17 +134,17 @@ def test_pointer_drags_the_sliders_to_their_ends(page, fake_server):
 def test_tiles_grow_and_shrink_with_the_sliders(page, fake_server):
     open_calc(page, fake_server)
     tiles = out(page, "tiles")
-    field(page, "ctx").fill("40")  # 40 tokens in blocks of 16: 3 squares, the last one half full
-    field(page, "seq").fill("3")
+    enter(page, "ctx", "40")  # 40 tokens in blocks of 16: 3 squares, the last one half full
+    enter(page, "seq", "3")
     expect(tiles).to_have_attribute("data-cols", "3")
     expect(tiles.locator("rect.kvc-tile")).to_have_count(9)
-    expect(out(page, "tiles-caption")).to_contain_text("one block of 16 tokens")
-    field(page, "seq").fill("200")
+    expect(out(page, "tiles-caption")).to_contain_text("one block of 16 positions")
+    enter(page, "seq", "200")
     expect(tiles).to_have_attribute("data-rows", "16")
     expect(out(page, "tiles-caption")).to_contain_text("the other 184 are the same")
-    field(page, "ctx").fill("131072")
+    enter(page, "ctx", "131072")
     expect(tiles).to_have_attribute("data-cols", "32")
-    expect(out(page, "tiles-caption")).to_contain_text("4,096 tokens (256 blocks of 16)")
+    expect(out(page, "tiles-caption")).to_contain_text("4,096 positions (256 blocks of 16)")
 
 
 def test_presets_load_their_numbers(page, fake_server):
@@ -184,13 +184,13 @@ def test_editing_the_architecture_shows_attention_kind_and_turns_custom(page, fa
     page.select_option("#kvc-preset", "llama-3-8b")
     expect(out(page, "attention-kind")).to_contain_text("GQA")
     expect(out(page, "attention-kind")).to_contain_text("4× smaller")
-    field(page, "kvHeads").fill("1")
+    enter(page, "kvHeads", "1")
     expect(out(page, "attention-kind")).to_contain_text("MQA")
     expect(page.locator("#kvc-preset")).to_have_value("custom")
     expect(out(page, "per-token")).to_contain_text("16,384 B")  # 2 × 32 × 1 × 128 × 2
-    field(page, "kvHeads").fill("32")
+    enter(page, "kvHeads", "32")
     expect(out(page, "attention-kind")).to_contain_text("MHA")
-    field(page, "layers").fill("0")  # out of range: marked, not used
+    enter(page, "layers", "0")  # out of range: marked, not used
     expect(field(page, "layers")).to_have_attribute("aria-invalid", "true")
     expect(out(page, "per-token")).to_contain_text("524,288 B")
 
@@ -200,8 +200,8 @@ def test_paged_vs_contiguous_follows_the_block_size(page, fake_server):
     for case in GOLDEN["allocation_cases"]:
         msg = case["id"]
         page.select_option("#kvc-preset", case["preset"])
-        field(page, "ctx").fill(str(case["max_tokens"]))
-        field(page, "mix").fill(", ".join(map(str, case["lengths"])))
+        enter(page, "ctx", str(case["max_tokens"]))
+        enter(page, "mix", ", ".join(map(str, case["lengths"])))
         field(page, "block").select_option(str(case["block_size"]))
         rows = out(page, "alloc-table").locator("tbody tr")
         expect(rows.nth(0), msg).to_contain_text(f"{case['used_tokens']:,}")
@@ -230,20 +230,20 @@ def test_block_size_changes_the_figure(page, fake_server):
 
 def test_mix_rejects_bad_lengths_without_losing_the_last_good_one(page, fake_server):
     open_calc(page, fake_server)
-    field(page, "mix").fill("10, abc")
+    enter(page, "mix", "10, abc")
     expect(field(page, "mix")).to_have_attribute("aria-invalid", "true")
     expect(out(page, "mix-error")).to_contain_text("whole numbers")
     expect(out(page, "alloc").locator("rect.kvc-used")).to_have_count(6)
 
 
 def test_reverse_solve_answers_the_golden_cases(page, fake_server):
-    open_calc(page, fake_server)
+    open_calc(page, fake_server, "?block=1")
     for case in GOLDEN["reverse_cases"]:
         msg = case["id"]
         page.select_option("#kvc-preset", case["preset"])
-        field(page, "mem").fill(str(case["memory_gib"]))
-        field(page, "ctx").fill(str(case["tokens"]))
-        field(page, "seq").fill(str(case["sequences"]))
+        enter(page, "mem", str(case["memory_gib"]))
+        enter(page, "ctx", str(case["tokens"]))
+        enter(page, "seq", str(case["sequences"]))
         if case["weights_bytes"]:
             expect(out(page, "weights"), msg).to_contain_text(f"{case['weights_bytes']:,} B")
         if case["max_sequences"] == 0:
@@ -257,11 +257,11 @@ def test_reverse_solve_answers_the_golden_cases(page, fake_server):
 def test_state_round_trips_through_the_url(page, fake_server):
     open_calc(page, fake_server, hash_="#calculator")
     page.select_option("#kvc-preset", "opt-13b")
-    field(page, "ctx").fill("2048")
-    field(page, "seq").fill("3")
+    enter(page, "ctx", "2048")
+    enter(page, "seq", "3")
     field(page, "block").select_option("32")
-    field(page, "mem").fill("40")
-    field(page, "mix").fill("5, 600, 2000")
+    enter(page, "mem", "40")
+    enter(page, "mix", "5, 600, 2000")
     field(page, "dtype").select_option("fp8")
     expect(out(page, "total")).to_contain_text(f"{409_600 * 2048 * 3:,} B")
     url = page.url
@@ -286,6 +286,12 @@ def test_state_round_trips_through_the_url(page, fake_server):
 def test_a_mangled_url_still_opens_a_working_calculator(page, fake_server, console_errors):
     open_calc(page, fake_server, query="?ctx=-5&seq=9999&layers=x&dtype=fp64&block=7&mix=1,,zz&preset=nope")
     expect(out(page, "total")).to_have_text(bytes_text(1_073_741_824, "1 GiB"))
+    for named in (
+        'preset: "nope" is not a preset here',
+        "ctx: must be a whole number from 1 to 10,485,760",
+        "block: must be one of",
+    ):
+        expect(out(page, "calc-error")).to_contain_text(named)
     assert console_errors == []
 
 
@@ -357,7 +363,7 @@ def test_fits_the_screen_and_looks_right(page, fake_server, width, console_error
     page.set_viewport_size({"width": width, "height": 900})
     open_calc(page, fake_server)
     page.select_option("#kvc-preset", "llama-3-8b")
-    field(page, "seq").fill("3")
+    enter(page, "seq", "3")
     field(page, "block").select_option("256")
     overflow = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0

@@ -8,6 +8,7 @@ ideas each have their sentence. Expected values are worked out here from the shi
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -76,44 +77,108 @@ def point(phase: str) -> dict:
 # ---- 1. the claims the page's own data contradicted ---------------------------------------------
 
 
-def test_prefill_sentence_places_the_recorded_prompt_against_the_ridge(page, fake_server, console_errors):
+def ms(v: float) -> str:
+    """shared/format.js formatMs."""
+    if v >= 10000:
+        return f"{fixed(v / 1000, 1)} s"
+    if v >= 100:
+        return f"{round(v):,} ms"
+    return f"{fixed(v, 1)} ms" if v >= 10 else f"{fixed(v, 2)} ms"
+
+
+def pct(share: float) -> str:
+    return f"{fixed(share * 100, 0)} %"
+
+
+def change(after: float, before: float) -> str:
+    r = after / before - 1
+    return f"{'+' if r >= 0 else '−'}{fixed(abs(r) * 100, 0)} %"
+
+
+def variant(edit) -> str:
+    """The shipped serving recording with `edit(trace)` applied: a recording that says something else."""
+    trace = json.loads(SERVING_TEXT)
+    edit(trace["experiments"])
+    return json.dumps(trace)
+
+
+def test_prefill_sentence_judges_the_prompt_against_its_own_kernels(page, fake_server, console_errors):
     open_page(page, fake_server)
     text = step(page, "prefill")
-    assert "far from it" not in text and "hundred-odd" not in text
+    assert "On this page's CPU" not in text  # a recording is named, never "this machine"
     pre = point("prefill")
     side = "right of it" if pre["intensity"] >= ROOF["ridge_intensity"] else "left of it"
-    assert f"On this page's CPU it sits at {fixed(ROOF['ridge_intensity'], 1)} FLOP/B" in text
+    assert f"so its ridge sits at {fixed(ROOF['ridge_intensity'], 1)} FLOP/B" in text
     assert f"{pre['tokens']}-token prompt sits at {fixed(pre['intensity'], 1)} FLOP/B, {side}" in text
-    assert "may still sit left of the ridge" not in serving_step(page, "why-batch")
+    # the share beside "took X of its Y" is X / Y: the kernels' own, not the larger floor's
+    assert (
+        f"took {ms(pre['kernel_ms'])} of its {ms(pre['step_ms'])}, {pct(pre['kernel_ms'] / pre['step_ms'])} of it"
+        in text
+    )
+    assert pre["verdict"] in text and pre["kernels"] in text
     assert console_errors == []
 
 
-def test_decode_sentence_gives_the_measured_share_and_names_the_overhead(page, fake_server):
+def test_decode_sentences_follow_what_holds_the_step_back(page, fake_server):
     open_page(page, fake_server)
     dec = point("decode")
-    share = dec["flops_s"] / dec["intensity"] / ROOF["bandwidth_bytes_s"] * 100
     text = step(page, "decode")
-    assert f"at {fixed(share, 0)} % of the copy bandwidth" in text
-    # Under half the copy bandwidth the rest of the step is overhead, and the page says so; near the roof it
-    # says decode is memory-bound (the shipped recording is the first case).
-    assert ("software overhead" in text) == (share < 50)
-    assert ("indeed bound by memory bandwidth" in text) == (share >= 50)
-    assert "Decode is bound by memory bandwidth, not by arithmetic." not in text
+    assert f"took {ms(dec['kernel_ms'])} of its {ms(dec['step_ms'])} step" in text
+    assert f"would take {ms(dec['memory_ms'])} at the copy bandwidth" in text
+    # each sentence stands on its condition, computed from the recorded point
+    quantized = ROOF["route"] in ("int4", "int8")
+    arithmetic = (
+        quantized and dec["kernel_ms"] > dec["memory_ms"] and dec["kernel_bandwidth_share"] < ROOF["held_by_roof"]
+    )
+    memory = dec["memory_ms"] >= dec["kernel_ms"] and dec["memory_ms"] / dec["step_ms"] >= ROOF["held_by_roof"]
+    assert ("memory does not set the pace" in text) == arithmetic
+    assert ("software overhead" in text) == (dec["held_by"] == "overhead")
+    assert ("indeed bound by memory bandwidth" in text) == memory
+    if arithmetic:
+        assert f"at {pct(dec['kernel_bandwidth_share'])} of the copy bandwidth" in text
+    # the old sentence called decode overhead against the int4 kernel's 1,024-row peak
+    assert "On this small model, then, memory is not what fills most of" not in text
+
+
+def test_a_memory_bound_recording_changes_the_decode_sentences(page, fake_server):
+    def memory_bound(experiments):
+        for p in experiments["why_batch"]["result"]["roofline"]["points"]:
+            if p["phase"] == "decode":
+                p["memory_ms"], p["kernel_ms"] = 0.9 * p["step_ms"], 0.2 * p["step_ms"]
+                p["held_by"], p["share"], p["verdict"] = "memory", 0.9, "memory-bound: test"
+
+    open_page(page, fake_server, serving_text=variant(memory_bound))
+    text = step(page, "decode")
+    assert "indeed bound by memory bandwidth" in text
+    assert "software overhead" not in text and "memory does not set the pace" not in text
 
 
 def test_the_roofline_verdict_and_share_are_shown_when_recorded(page, fake_server):
     """A recording whose points carry `verdict` and `share` (the roofline's own words) shows them."""
-    trace = json.loads(SERVING_TEXT)
-    for p in trace["experiments"]["why_batch"]["result"]["roofline"]["points"]:
-        p["share"] = 0.123
-        p["verdict"] = f"test verdict for {p['phase']} {p.get('batch', '')}".strip()
-    open_page(page, fake_server, "#serving-why-batch", serving_text=json.dumps(trace))
+
+    def verdicts(experiments):
+        for p in experiments["why_batch"]["result"]["roofline"]["points"]:
+            p["share"] = 0.123
+            p["verdict"] = f"test verdict for {p['phase']} {p.get('batch', '')}".strip()
+
+    open_page(page, fake_server, "#serving-why-batch", serving_text=variant(verdicts))
     assert "test verdict for decode 1" in step(page, "decode")
     assert "test verdict for prefill" in step(page, "prefill")
     items = page.locator('.sv-panel[data-panel="why-batch"] .sv-verdicts li')
     expect(items).to_have_count(len(ROOF["points"]))
     assert items.locator(".sv-share").all_text_contents() == ["12 %"] * len(ROOF["points"])
     assert "test verdict for decode 16" in items.all_inner_texts()[-1]
+
+
+def test_every_roofline_point_is_drawn_under_its_own_ceiling(page, fake_server):
+    open_page(page, fake_server, "#serving-why-batch")
+    ticks = page.locator('.sv-panel[data-panel="why-batch"] .sv-ceiling')
+    expect(ticks).to_have_count(len(ROOF["points"]))
+    ceilings = [float(v) for v in ticks.evaluate_all("(ts) => ts.map((t) => t.dataset.ceiling)")]
+    assert ceilings == [p["attainable_flops_s"] for p in ROOF["points"]]
+    assert all(p["flops_s"] <= p["attainable_flops_s"] for p in ROOF["points"])
+    note = page.locator('.sv-panel[data-panel="why-batch"] .sv-roofbox').inner_text()
+    assert "Roof: peak" not in note and ROOF["peak_kernel"] in note  # one kernel at its sizes, said so
 
 
 # ---- 2. every recorded run names its route, machine and load -------------------------------------
@@ -130,7 +195,10 @@ def test_each_recorded_run_names_its_route_machine_and_load(page, fake_server):
     assert f"{route} weights" in page.locator(".wt-source").inner_text()
     source = page.locator(".sv-source")
     expect(source.locator(".sv-route")).to_have_text(f"{serving_route('why_batch')} weights")
-    assert SERVING["recorded_on"]["machine"] in source.inner_text()
+    merged = [m for m in SERVING["recorded_on"].get("merged", []) if "why_batch" in m["experiments"]]
+    machine = merged[-1].get("machine") if merged else None
+    assert (machine or SERVING["recorded_on"]["machine"]) in source.inner_text()
+    assert "this project’s machine" not in source.inner_text()
     load = SERVING["experiments"]["why_batch"]["machine"].get("load_1m", SERVING["recorded_on"]["load_1m"])
     assert f"load {load:.2f}" in source.inner_text()
 
@@ -139,13 +207,77 @@ def test_the_two_recorded_ratios_are_set_side_by_side_with_the_reason(page, fake
     open_page(page, fake_server)
     tokens = [e for e in TRACE["events"] if e["type"] == "token"]
     pre = next(e for e in TRACE["events"] if e["type"] == "prefill_end")
-    ours = statistics.median(t["step_ms"] for t in tokens[1:]) / (pre["ms"] / pre["tokens"])
+    step_ms = statistics.median(t["step_ms"] for t in tokens[1:])
+    per_position = pre["ms"] / pre["tokens"]
     text = step(page, "decode")
-    assert f"took as long as {fixed(ours, 1)} prompt positions" in text
+    assert f"took as long as {fixed(step_ms / per_position, 1)} prompt positions" in text
     assert f"found {fixed(PRICING['ratio'], 1)}" in text
     if route_of(TRACE) != serving_route("pricing"):
         assert f"({route_of(TRACE)} here, {serving_route('pricing')} there)" in text
-    assert f"{pre['tokens']}-token and {PRICING['prompt_tokens']}-token prompts" in text
+    # the reason is the recordings' own: which time moved more, and which way the longer prompt went
+    moved_prefill = abs(math.log(per_position / PRICING["prefill_ms_per_token"]))
+    moved_step = abs(math.log(step_ms / PRICING["decode_ms_per_token"]))
+    assert ("mostly in the prefill" if moved_prefill >= moved_step else "mostly in the decode step") in text
+    ours_longer = pre["tokens"] > PRICING["prompt_tokens"]
+    dearer = ours_longer == (per_position > PRICING["prefill_ms_per_token"])
+    assert f"longer prompt cost {'more' if dearer else 'less'} per position" in text
+    assert f"{fixed(per_position, 3)} ms here ({pre['tokens']} tokens)" in text
+    assert f"a decode step took {ms(step_ms)} against {ms(PRICING['decode_ms_per_token'])}" in text
+    # the old reasons, which these recordings contradict
+    assert "spreads a prefill over more positions" not in text and "about a fifth slower" not in text
+    if TRACE["request"].get("inspect", {}).get("attention"):
+        faster = PRICING["decode_ms_per_token"] > step_ms * 1.05
+        slower = step_ms > PRICING["decode_ms_per_token"] * 1.05
+        word = "shorter than" if faster else "longer than" if slower else "about the same as"
+        assert f"its median step was {word} the pricing run's" in text
+    if route_of(TRACE) == "int4" and pre["tokens"] >= 16:
+        assert "the prompt ran on the float32 GEMM, each new token on the int4 kernel" in text
+
+
+def test_the_serving_steps_relate_figures_from_their_recordings(page, fake_server):
+    open_page(page, fake_server, "#serving-chunked")
+    ch = SERVING["experiments"]["chunked_prefill"]["result"]["runs"]
+    total = {k: sum(map(sum, ch[k]["gaps_ms"])) / len(ch[k]["gaps_ms"]) for k in ("off", "on")}
+    text = serving_step(page, "chunked")
+    assert "which the long prompt pays" not in text  # the decoders' gaps grew too
+    assert f"went from {ms(ch['off']['long_ttft_ms'])} to {ms(ch['on']['long_ttft_ms'])}" in text
+    assert f"added up to {ms(total['on'])} against {ms(total['off'])} ({change(total['on'], total['off'])})" in text
+    decoders_paid = total["on"] > total["off"] * 1.05
+    long_paid = ch["on"]["long_ttft_ms"] > ch["off"]["long_ttft_ms"] * 1.05
+    assert ("both paid" in text) == (decoders_paid and long_paid)
+    pf = SERVING["experiments"]["prefix_caching"]["result"]["runs"]
+    text = serving_step(page, "prefix")
+    assert "Time to first token falls with the tokens prefilled" not in text
+    off = {q["request"]: q for q in pf["off"]["requests"]}
+    hits = [q for q in pf["on"]["requests"] if q["cached_tokens"] > 0]
+    work = sum(q["prefill_tokens"] for q in hits) / sum(off[q["request"]]["prefill_tokens"] for q in hits)
+    time = sum(q["ttft_ms"] for q in hits) / sum(off[q["request"]]["ttft_ms"] for q in hits)
+    assert f"({change(work, 1)})" in text and f"({change(time, 1)})" in text
+    assert ("roughly in step with the work skipped" in text) == (1 - time >= (1 - work) / 2)
+    wb = SERVING["experiments"]["why_batch"]["result"]["points"]
+    text = serving_step(page, "why-batch")
+    assert f"the step grew ×{fixed(wb[-1]['step_ms'] / wb[0]['step_ms'], 1)}" in text
+    rising = all(b["aggregate_tps"] > a["aggregate_tps"] * 1.05 for a, b in zip(wb, wb[1:]))
+    assert ("every step up in batch still paid here" in text) == rising
+
+
+def test_a_contradicting_recording_changes_the_serving_sentences(page, fake_server):
+    def contradict(experiments):
+        runs = experiments["chunked_prefill"]["result"]["runs"]
+        runs["on"]["gaps_ms"] = runs["off"]["gaps_ms"]  # the decoders' gaps no longer grow
+        pf = experiments["prefix_caching"]["result"]["runs"]
+        for q in pf["on"]["requests"]:  # TTFT now falls in step with the tokens prefilled
+            q["ttft_ms"] = next(o for o in pf["off"]["requests"] if o["request"] == q["request"])["ttft_ms"] * (
+                q["prefill_tokens"] / q["prompt_tokens"]
+            )
+        pts = experiments["why_batch"]["result"]["points"]
+        pts[-1]["aggregate_tps"] = pts[-2]["aggregate_tps"]  # batch 16 no longer pays
+
+    open_page(page, fake_server, "#serving-chunked", serving_text=variant(contradict))
+    text = serving_step(page, "chunked")
+    assert "the price fell on the long prompt, not on the decoders" in text and "both paid" not in text
+    assert "roughly in step with the work skipped" in serving_step(page, "prefix")
+    assert "where a bigger batch stopped paying" in serving_step(page, "why-batch")
 
 
 # ---- 3. the smaller corrections -------------------------------------------------------------------
@@ -188,17 +320,32 @@ def test_pricing_is_not_presented_as_explaining_prices(page, fake_server):
     assert "not what any price list should say" in serving_step(page, "worked")
 
 
+def test_pricing_names_the_recorded_machine_and_the_two_kernels_it_compares(page, fake_server):
+    open_page(page, fake_server, "#serving-worked")
+    box = page.locator(".sv-pricing").inner_text()
+    assert "this machine" not in box and "on the machine named above" in box  # a recording, named above the figure
+    quantized = serving_route("pricing") in ("int4", "int8") and PRICING["prompt_tokens"] >= 16
+    said = f"The prompt ran on the float32 GEMM, each new token on the {serving_route('pricing')} kernel"
+    assert (said in box) == quantized
+
+
 def test_speculative_stage_says_what_its_recording_shows(page, fake_server):
     open_page(page, fake_server, "#serving-speculative")
     text = serving_step(page, "speculative")
     assert "about the same for one token as for a handful" not in text
-    assert "With greedy decoding" in text and "with sampling" in text
+    assert "With greedy decoding" in text and "With sampling" in text
+    # greedy speculative decoding reproduces the plain text in exact arithmetic only; the recording says how it went
+    assert "in exact arithmetic" in text and "is exactly what the model writes" not in text
+    same = sum(c["identical"] for c in SPEC["cases"])
+    assert f"In this recording {same} of {len(SPEC['cases'])} speculative texts matched" in text
     assert "after the last proposal when all of them were right" in text  # the bonus token
     assert "best case" in text and "prompt lookup" in text
     rewrite = next(c for c in SPEC["cases"] if c["kind"] == "rewrite")
     cost = (rewrite["spec_ms"] / rewrite["forwards"]) / (rewrite["plain_ms"] / rewrite["plain_forwards"])
     panel = page.locator('.sv-panel[data-panel="speculative"]')
     expect(panel.locator(".sv-check-cost")).to_contain_text(f"×{fixed(cost, 1)} the time of a plain step")
+    # the average counts the prefill once in each run, so with fewer passes it weighs more: said, not hidden
+    expect(panel.locator(".sv-check-cost")).to_contain_text("overstates what a checking pass costs")
     best = panel.locator('.sv-spec-case[data-kind="rewrite"]').inner_text()
     assert "speed-up (prompt lookup, its best case)" in best
     # The draft-model citation says the speed-ups here are this page's prompt-lookup runs, not its figures.

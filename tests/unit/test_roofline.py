@@ -1,5 +1,7 @@
-"""serving_experiments.roofline: points placed by the cost model under fake ceilings, the verdict from
-the share of the roof reached, and the compute ceiling measured in the kernel the route runs."""
+"""serving_experiments.roofline: each step judged against the kernels that ran it (float32 GEMM for a prompt
+of FLOAT_ROWS rows or more, the int4 kernel and the head's int8 pass at a decode batch's rows), the verdict
+from the larger of its two floors (its kernels alone, its bytes at the copy bandwidth), and the kernels
+timed as the model calls them."""
 
 from __future__ import annotations
 
@@ -10,19 +12,7 @@ from model_runner.loading import loader
 from model_runner.loading.model_shape import shape_of
 from serving_experiments import roofline as rl
 
-PEAK, BANDWIDTH = 1e11, 1e10  # ridge at 10 FLOP/B
-
-
-@pytest.fixture
-def fake_ceilings(monkeypatch):
-    seen = []
-
-    def ceilings(device, dtype):
-        seen.append((device, dtype))
-        return PEAK, BANDWIDTH
-
-    monkeypatch.setattr(rl, "ceilings", ceilings)
-    return seen
+BANDWIDTH = 1e10
 
 
 @pytest.fixture(scope="module")
@@ -30,62 +20,97 @@ def int4():
     return loader.load("fake", "cpu", "int4")
 
 
-def test_points_are_the_cost_models_flops_and_bytes_over_the_measured_time(int4, fake_ceilings):
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Kernel times of 1 ms a layer pass and 0.1 ms a head call at any rows; the copy at BANDWIDTH."""
+    seen = []
+
+    def measure(self, calls):
+        seen.extend(calls)
+        return {c: (1e-3 if c[0] == "layers" else 1e-4) for c in calls}
+
+    monkeypatch.setattr(rl.Kernels, "measure", measure)
+    monkeypatch.setattr(rl, "ceilings", lambda device, dtype: (1e11, BANDWIDTH))
+    return seen
+
+
+def test_each_step_is_judged_against_the_kernels_that_ran_it(int4, fake_kernels):
     shape = shape_of(int4)
-    result = rl.roofline(int4, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 0.5}])
+    result = rl.roofline(int4, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 4.0}])
     prefill, decode = result["points"]
-    assert fake_ceilings == [("cpu", "int4")]  # the peak asked for in the route the layers run
-    assert prefill["intensity"] == pytest.approx(
-        cost.prefill_flops(shape, 40) / cost.prefill_bytes(shape, 40), abs=1e-3
-    )
-    assert prefill["flops_s"] == pytest.approx(cost.prefill_flops(shape, 40) / 0.002, abs=0.1)
+    # the prompt's 40 rows on the float32 copies and its one row of logits; the decode batch's 4 rows on int4
+    assert ("layers", 40, False) in fake_kernels and ("head", 1, False) in fake_kernels
+    assert ("layers", 4, True) in fake_kernels and ("head", 4, True) in fake_kernels
+    assert prefill["kernel"] == "float32 GEMM" and decode["kernel"] == "int4 kernel"
+    assert prefill["kernel_ms"] == pytest.approx(1.1) and decode["kernel_ms"] == pytest.approx(1.1)
     flops = 4 * cost.decode_flops(shape, 41.5)
-    assert decode["intensity"] == pytest.approx(flops / cost.decode_step_bytes(shape, 4, 41.5), abs=1e-3)
-    assert decode["flops_s"] == pytest.approx(flops / 0.0005, abs=0.1)
+    read = cost.decode_step_bytes(shape, 4, 41.5)
+    assert decode["intensity"] == pytest.approx(flops / read, abs=1e-3)
+    assert decode["flops_s"] == pytest.approx(flops / 0.004, abs=0.1)
+    assert decode["memory_ms"] == pytest.approx(read / BANDWIDTH * 1000, abs=1e-3)
     for p in result["points"]:
-        assert p["attainable_flops_s"] == pytest.approx(min(PEAK, BANDWIDTH * p["intensity"]), rel=1e-3)
-        assert p["share"] == pytest.approx(p["flops_s"] / p["attainable_flops_s"], rel=1e-3)
-    assert result["ridge_intensity"] == 10 and result["route"] == "int4"
-    assert {"peak_flops_s", "bandwidth_bytes_s", "basis", "points"} <= set(result)
-    assert "int4 weight kernel" in result["basis"]
+        floor = max(p["kernel_ms"], p["memory_ms"])
+        assert p["share"] == pytest.approx(floor / p["step_ms"], rel=1e-3)
+        assert p["attainable_flops_s"] == pytest.approx(p["flops_s"] / p["share"], rel=1e-3)
+    assert result["bandwidth_bytes_s"] == BANDWIDTH and result["route"] == "int4"
+    assert {"peak_flops_s", "gemm_flops_s", "ridge_intensity", "basis", "points"} <= set(result)
+
+
+def test_a_short_prompt_runs_on_the_int4_kernel_like_a_decode():
+    assert rl.kernel_name("int4", cost.FLOAT_ROWS - 1, decode=False) == "int4 kernel"
+    assert rl.kernel_name("int4", cost.FLOAT_ROWS, decode=False) == "float32 GEMM"
+    assert rl.kernel_name("int4", 64, decode=True) == "int4 kernel"
+    assert rl.kernel_name("float32", 1, decode=True) == "float32 GEMM"
 
 
 @pytest.mark.parametrize(
-    "flops, read, seconds, expected",
+    "step_s, kernel_s, read, weights, held_by",
     [
-        (1e6, 1e6, 1e6 / (0.6 * 1e10), "memory-bound"),  # intensity 1, 60 % of the bandwidth roof
-        (1e8, 1e6, 1e8 / (0.9 * PEAK), "compute-bound"),  # intensity 100, 90 % of the peak
-        (1e6, 1e6, 1e6 / (0.2 * 1e10), rl.OVERHEAD),  # 20 % of the roof: neither roof holds it
-        (1e8, 1e6, 1e8 / (0.3 * PEAK), rl.OVERHEAD),
+        (10e-3, 8e-3, 1e6, 1e6, "kernel"),  # kernels fill 80 %, reading their 1 MB at 1 % of the bandwidth
+        (10e-3, 1e-3, 8e7, 1e6, "memory"),  # the bytes at the bandwidth take 8 ms, the kernels 1 ms
+        (10e-3, 8e-3, 7e7, 7e7, "kernel-streaming"),  # bytes 7 ms < kernels 8 ms, streamed at 87 % of it
+        (10e-3, 8e-3, 3e7, 5e7, "kernel-streaming"),  # bytes fill 30 %: kernels at 62 %, not memory-bound
+        (10e-3, 4e-3, 1e6, 1e6, "overhead"),  # neither floor fills half the step
     ],
 )
-def test_the_verdict_follows_the_share_of_the_roof_reached(flops, read, seconds, expected):
-    p = rl.point(flops, read, seconds, PEAK, BANDWIDTH)
-    assert p["verdict"] == expected
+def test_the_verdict_is_the_larger_floor_when_it_fills_half_the_step(step_s, kernel_s, read, weights, held_by):
+    p = rl.judge(1e9, read, step_s, kernel_s, BANDWIDTH, "int4 kernel", weights)
+    assert p["held_by"] == held_by
+    assert p["verdict"] == rl.verdict(held_by, "int4 kernel")
+    assert p["kernel_bandwidth_share"] == pytest.approx(weights / kernel_s / BANDWIDTH)
 
 
-def test_the_threshold_sits_at_half_the_roof():
-    assert rl.verdict(1.0, rl.HELD_BY_ROOF, 10) == "memory-bound"
-    assert rl.verdict(1.0, rl.HELD_BY_ROOF - 0.001, 10) == rl.OVERHEAD
+def test_the_threshold_sits_at_half_the_step():
+    assert rl.judge(1e9, 1e3, 1.0, rl.HELD_BY_ROOF, BANDWIDTH, "float32 GEMM", 1e3)["held_by"] == "kernel"
+    assert rl.judge(1e9, 1e3, 1.0, rl.HELD_BY_ROOF - 0.001, BANDWIDTH, "float32 GEMM", 1e3)["held_by"] == "overhead"
 
 
-def test_the_compute_ceiling_is_the_routes_own_kernel(monkeypatch):
-    calls = []
-    monkeypatch.setattr(rl, "kernel_rate", lambda dev, route: calls.append(("kernel", route)) or {"gflop_per_s": 2.0})
-    monkeypatch.setattr(
-        rl, "matmul_rate", lambda dev, dtype: calls.append(("matmul", str(dtype))) or {"gflop_per_s": 3.0}
+def test_memory_bound_needs_the_bytes_to_be_the_longer_floor():
+    # kernels 8 ms of a 10 ms step, streaming their weights at 62 % of the copy bandwidth, bytes 3 ms
+    p = rl.judge(1e9, 3e7, 10e-3, 8e-3, BANDWIDTH, "int4 kernel", 5e7)
+    assert p["memory_ms"] < p["kernel_ms"] and p["held_by"] != "memory"
+    assert "memory-bound" not in p["verdict"] and "fill most" not in p["verdict"]
+    assert "half the copy bandwidth or more" in p["verdict"]
+
+
+def test_an_int4_kernel_held_step_is_named_as_arithmetic_not_memory():
+    assert "not by memory" in rl.verdict("kernel", "int4 kernel")
+    assert rl.verdict("kernel", "float32 GEMM").startswith("compute-bound")
+    assert rl.verdict("memory", "int4 kernel").startswith("memory-bound")
+
+
+def test_the_models_own_kernels_are_timed(int4):
+    kernels = rl.Kernels(int4)
+    timed = kernels.measure([("layers", 4, True), ("head", 4, True), ("layers", 40, False)])
+    assert kernels.layers == int4.model.config.num_hidden_layers
+    assert all(s > 0 for s in timed.values())
+    assert kernels.layer_flops(4) == 2 * 4 * kernels.layers * sum(
+        m.in_features * m.out_features for m in kernels.projections
     )
-    monkeypatch.setattr(rl, "copy_bandwidth", lambda dev: {"gb_per_s": 1.0})
-    rl.ceilings.cache_clear()
-    assert rl.ceilings("cpu", "int8") == (2e9, 1e9)
-    assert rl.ceilings("cpu", "bfloat16") == (3e9, 1e9)
-    rl.ceilings("cpu", "int8")  # measured once per process
-    assert calls == [("kernel", "int8"), ("matmul", "torch.bfloat16")]
-    rl.ceilings.cache_clear()
 
 
 @pytest.mark.parametrize("route", ["int4", "int8"])
-def test_the_route_kernels_measure(route):
+def test_the_bench_kernel_rates_measure(route):
     import torch
 
     got = rl.kernel_rate(torch.device("cpu"), route, n=64, repeats=2)

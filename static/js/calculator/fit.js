@@ -2,7 +2,7 @@
 // the memory size, and how many positions each of the chosen number of sequences can have (kv-layers.js fit:
 // weights ÷ TP, windows, per-sequence states and scales all counted).
 import { GIB, weightsBytes } from './kv-math.js';
-import { fit as solve } from './kv-layers.js';
+import { furtherTokenBytes, fit as solve } from './kv-layers.js';
 import { html, svgEl } from '../shared/dom.js';
 import { binary, formatInt, plural } from '../shared/format.js';
 import { bytesNode } from './bytes.js';
@@ -35,7 +35,12 @@ export function renderFit(out, { params, weightBytesPerElement, measuredWeights,
   } else {
     const seqs = plan.sequences === null ? 'any number of sequences' : plural(plan.sequences, 'sequence');
     items.push(answer(`At ${plural(ctx, 'token')} per sequence: `, 'fit-seqs', seqs, ' fit.'));
-    const capped = plan.tokens >= maxTokens ? ` (the most this calculator tries: nothing here grows past a window or state)` : '';
+    let capped = '';
+    if (plan.tokens >= maxTokens) {
+      capped = furtherTokenBytes(groups, maxTokens - 1, storage) === 0
+        ? ` (the most this calculator tries: nothing here grows past its windows and states, so any length fits)`
+        : ` (the most this calculator tries, ${formatInt(maxTokens)} tokens: more would still fit)`;
+    }
     const beyond = contextWindow && plan.tokens > contextWindow
       ? ` That is beyond this model's context window of ${formatInt(contextWindow)}, so the window, not memory, is the limit.` : '';
     items.push(answer(`With ${plural(seq, 'sequence')}: up to `, 'fit-tokens', plural(plan.tokens, 'token'), ` each${capped}.${beyond}`));

@@ -4,7 +4,7 @@
 import { html, labelCells } from '../shared/dom.js';
 import { formatBytes, formatInt, plural } from '../shared/format.js';
 import { bytesNode } from './bytes.js';
-import { ELEMENT_BITS, kvHeadsPerGpu } from './kv-layers.js';
+import { ELEMENT_BITS, kvHeadsPerGpu, stateElements } from './kv-layers.js';
 
 const KIND_LABEL = {
   full: 'full-attention', sliding: 'sliding-window', chunked: 'chunked-local', mla: 'MLA',
@@ -12,16 +12,19 @@ const KIND_LABEL = {
 };
 
 function scaleText(storage, vectors, width) {
-  if (storage.scale === 'head') return ` + ${vectors} scales × ${storage.scale_bytes} B`;
+  const zero = storage.zero_point ? ' × 2 (scale and zero point)' : '';
+  if (storage.scale === 'head') return ` + ${vectors} scales × ${storage.scale_bytes} B${zero}`;
   if (storage.scale === 'group') {
-    return ` + ${vectors} × ${formatInt(Math.ceil(width / storage.group_size))} scales (groups of ${storage.group_size}) × ${storage.scale_bytes} B`;
+    return ` + ${vectors} × ${formatInt(Math.ceil(width / storage.group_size))} scales (groups of ${storage.group_size}) × ${storage.scale_bytes} B${zero}`;
   }
   return '';
 }
 
 function heldText(g, part, tokens) {
   const t = formatInt(tokens);
-  const held = { sliding: `min(${t}, W ${formatInt(g.window)})`, chunked: `min(${t}, C ${formatInt(g.chunk)})` }[g.kind];
+  const held = {
+    sliding: `min(${t}, W ${formatInt(g.window)}: ${formatInt(g.window - 1)} past + the new one)`, chunked: `min(${t}, C ${formatInt(g.chunk)})`,
+  }[g.kind];
   const base = held ? `${held} = ${plural(part.positionsHeld, 'position')}` : plural(part.positionsHeld, 'position');
   return part.positionsAllocated === part.positionsHeld ? base : `${base}, ${formatInt(part.positionsAllocated)} in whole blocks`;
 }
@@ -34,7 +37,13 @@ export function groupLine(g, part, storage, tokens) {
   if (g.kind === 'shared') return `${n}: reuse another layer's keys and values, allocate nothing ${total}`;
   if (g.kind === 'state') {
     const gpu = storage.tp > 1 ? ` ÷ ${storage.tp} GPUs` : '';
-    return `${n}: (${formatInt(g.conv)} conv + ${formatInt(g.state)} recurrent) elements${gpu} × ${storage.state_bytes} B, `
+    const conv = stateElements(g, storage) - g.state;
+    // Both engines' conv state side by side: the chosen one counts, the other is said.
+    const other = stateElements(g, { ...storage, conv_columns: storage.conv_columns === 'vllm' ? 'transformers' : 'vllm' }) - g.state;
+    const columns = g.conv_kernel
+      ? ` (${storage.conv_columns === 'vllm' ? `vLLM's ${g.conv_kernel - 1}` : `transformers' ${g.conv_kernel}`} columns; `
+        + `${storage.conv_columns === 'vllm' ? `transformers' ${g.conv_kernel}` : `vLLM's ${g.conv_kernel - 1}`}: ${formatInt(other)})` : '';
+    return `${n}: (${formatInt(conv)} conv${columns} + ${formatInt(g.state)} recurrent) elements${gpu} × ${storage.state_bytes} B, `
       + `a fixed state whatever the length ${total}`;
   }
   let perLayer;
@@ -65,7 +74,15 @@ export function renderFormula(el, groups, exact, storage, state) {
   el.replaceChildren(...lines.map((text) => html('span', { cls: 'kvc-formula-line', text })));
 }
 
+// One row per group; the byte columns are per GPU, and with tensor parallelism a last column gives all GPUs.
 export function renderGroupTable(table, groups, exact) {
+  const tp = exact.tp;
+  const head = table.tHead.rows[0];
+  head.cells[2].textContent = tp > 1 ? 'Per position, per layer, per GPU' : 'Per position, per layer';
+  head.cells[4].textContent = tp > 1 ? 'Per sequence, per GPU' : 'Per sequence';
+  head.cells[5].hidden = tp === 1;
+  head.cells[5].textContent = `Per sequence, all ${tp} GPUs`;
+  for (const [i, cell] of [...head.cells].entries()) cell.dataset.label = cell.textContent.trim() || String(i);
   table.tBodies[0].replaceChildren(...groups.map((g, i) => {
     const p = exact.groups[i];
     const tr = html('tr');
@@ -75,8 +92,11 @@ export function renderGroupTable(table, groups, exact) {
     perPos.append(g.kind === 'state' || g.kind === 'shared' ? '–' : bytesNode(p.layerTokenBytes));
     const perSeq = html('td');
     perSeq.append(bytesNode(p.sequenceBytes));
+    const allGpus = html('td');
+    allGpus.append(bytesNode(p.sequenceBytes * tp));
+    allGpus.hidden = tp === 1;
     const kept = g.kind === 'state' ? 'fixed state' : g.kind === 'shared' ? 'none (reused)' : formatInt(p.positionsAllocated);
-    tr.append(th, html('td', { text: formatInt(g.layers) }), perPos, html('td', { text: kept }), perSeq);
+    tr.append(th, html('td', { text: formatInt(g.layers) }), perPos, html('td', { text: kept }), perSeq, allGpus);
     tr.dataset.kind = g.kind;
     return labelCells(table, tr);
   }));
@@ -94,23 +114,39 @@ const WHY = {
 export function whyTheyDiffer(groups, storage, exact, naive) {
   const reasons = [...new Set(groups.map((g) => g.kind))].filter((k) => k in WHY).map((k) => WHY[k]);
   if (new Set(groups.filter((g) => 'kv_heads' in g).map((g) => g.kv_heads)).size > 1) reasons.push('layers differ in their KV heads');
-  if (storage.scale !== 'none') reasons.push('the quantisation scales take bytes of their own');
-  if (storage.block_size > 1) reasons.push(`each layer group holds whole blocks of ${storage.block_size}`);
+  if (storage.scale !== 'none') reasons.push(`the quantisation scales${storage.zero_point ? ' and zero points' : ''} take bytes of their own`);
+  if (exact.groups.some((p) => p.positionsAllocated !== p.positionsHeld)) reasons.push(`each layer group holds whole blocks of ${storage.block_size}`);
   if (storage.tp > 1 && groups.some((g) => g.kind === 'mla' || (g.kv_heads && g.kv_heads < storage.tp))) {
     reasons.push(`${storage.tp} GPUs each hold a copy of what cannot be split`);
   }
-  if (!reasons.length) {
-    return naive === exact.totalBytes ? 'Every layer is full attention with the same KV heads, so the two agree.'
-      : 'The one formula reads other head numbers than the layers use.';
+  if (naive === exact.totalBytes) {
+    return reasons.length ? `The two agree at this length, though ${reasons.join('; ')}.`
+      : 'Every layer is full attention with the same KV heads, so the two agree.';
   }
+  if (!reasons.length) return 'The one formula reads other head numbers than the layers use.';
   return `They differ because ${reasons.join('; ')}.`;
 }
 
+function naiveText(naive, storage) {
+  const bytes = ELEMENT_BITS[storage.kv_dtype] / 8;
+  if ('key_dim' in naive) {
+    return `Without MLA's compression (every head's key and value kept), ${formatInt(naive.layers)} layers × `
+      + `${formatInt(naive.kv_heads)} heads × (${formatInt(naive.key_dim)} key + ${formatInt(naive.value_dim)} value) × ${bytes} B per position: `;
+  }
+  return `One formula, 2 × ${formatInt(naive.layers)} layers × ${formatInt(naive.kv_heads)} KV heads × `
+    + `${formatInt(naive.head_dim)} head dim × ${bytes} B per position: `;
+}
+
 export function renderNaive(el, { naive, naiveBytes, exact, groups, storage }) {
+  if (!naive || naiveBytes === null) {
+    const text = !naive ? 'No one-formula reading: the config gives no uncompressed key and value size to compare with.'
+      : 'The one formula passes 2^53 bytes here, beyond exact arithmetic.';
+    el.replaceChildren(html('p', { text }));
+    return;
+  }
   const ratio = exact.totalBytes ? naiveBytes / exact.totalBytes : null;
   const one = html('p');
-  one.append(`One formula, 2 × ${formatInt(naive.layers)} layers × ${formatInt(naive.kv_heads)} KV heads × `
-    + `${formatInt(naive.head_dim)} head dim × ${ELEMENT_BITS[storage.kv_dtype] / 8} B per position: `);
+  one.append(naiveText(naive, storage));
   const naiveOut = html('strong');
   naiveOut.dataset.out = 'naive-bytes';
   naiveOut.append(bytesNode(naiveBytes));
@@ -133,6 +169,11 @@ export function renderKeys(el, read, entry) {
     el.replaceChildren(html('li', { text: 'The numbers typed above (or the chosen preset): one group of full attention.' }));
     return;
   }
+  const flagged = read.flags.map((f) => {
+    const li = html('li', { cls: 'kvc-flagged' });
+    li.append(html('strong', { text: 'Flagged: ' }), html('code', { text: f.field }), ` ${f.message}`);
+    return li;
+  });
   const items = read.used.map((u) => {
     const li = html('li');
     li.append(html('code', { text: u.key }), ` → ${u.name}: ${typeof u.value === 'number' ? formatInt(u.value) : String(u.value)}`);
@@ -148,5 +189,6 @@ export function renderKeys(el, read, entry) {
     li.append('File: ', a, `; values read from ${entry.read_from}.`);
     items.unshift(li);
   }
-  el.replaceChildren(...items);
+  if (read.weights) items.push(html('li', { text: `${read.weights.key} → weights: ${read.weights.note}` }));
+  el.replaceChildren(...flagged, ...items);
 }

@@ -1,7 +1,9 @@
-// The KV-memory calculator figure: mount(el) loads the presets and golden cases (static/data/kv_golden.json)
-// and the bundled model configs (static/data/model-configs.json), binds the template's controls to one state
-// object, redraws every read-out from it with the layer-group arithmetic (kv-layers.js), and mirrors it into
-// the query string; destroy() undoes all of that. Input the arithmetic refuses leaves the last valid state shown.
+// The KV-memory calculator figure: mount(el) loads the presets and golden cases (static/data/kv_golden.json), the
+// bundled model configs (static/data/model-configs.json) and the config key table (static/data/config-keys.json),
+// binds the template's controls to one state object, computes each edit once with the layer-group arithmetic
+// (kv-layers.js) and redraws every read-out from that one result, and mirrors the state into the query string;
+// destroy() undoes all of that. A link, a paste or a typed value the arithmetic refuses leaves the last valid
+// state shown, with a message naming the field and the limit.
 import { currentModel } from '../model-status.js';
 import { html } from '../shared/dom.js';
 import { defineFigure } from '../shared/figure.js';
@@ -11,23 +13,31 @@ import { bytesNode } from './bytes.js';
 import { bindConfigInput } from './config-input.js';
 import { renderFit } from './fit.js';
 import { renderFormula, renderGroupTable, renderKeys, renderNaive } from './groups.js';
-import { attentionKind } from './kv-math.js';
-import { KvInputError, cacheBytes, naiveBytes } from './kv-layers.js';
+import { GIB, attentionKind } from './kv-math.js';
+import { KvInputError, cacheBytes, checkAttentionHeads, furtherTokenBytes, naiveBytes, vllmCapacity } from './kv-layers.js';
 import { createLiveCheck } from './live-check.js';
 import { resolveModel } from './model.js';
 import { createSlider } from './slider.js';
 import {
-  BLOCK_SIZES, GROUP_SIZES, LIMITS, SCALE_BYTES, TP_SIZES, fromConfig, fromPreset, parse, parseMix, readInt, readNum, write,
+  BLOCK_SIZES, CONFIG_TEXT_MAX, CONV_COLUMNS, GROUP_SIZES, LABELS, LIMITS, SCALE_BYTES, TP_SIZES, defaults, fromConfig, fromPreset, parse,
+  parseMix, readNumber, readWhole, urlKey, write,
 } from './state.js';
 import { renderTiles } from './tiles.js';
 import { readConfig } from './kv-config.js';
+import { renderVllm } from './vllm.js';
 
 const DATA_URL = new URL('../../data/kv_golden.json', import.meta.url);
 const CATALOGUE_URL = new URL('../../data/model-configs.json', import.meta.url);
+const KEYS_URL = new URL('../../data/config-keys.json', import.meta.url);
 const ARCH_FIELDS = ['layers', 'heads', 'kvHeads', 'headDim'];
 const STATE_TYPES = ['fp32', 'fp16', 'fp8']; // whole bytes: a recurrent state is not kept in 4 bits
 // Where the live model's weight type (ModelFacts.weights_dtype) lands among the element types.
 const WEIGHT_TYPES = { float32: 'fp32', bfloat16: 'fp16', float16: 'fp16', int8: 'int8', int4: 'int4' };
+// The state fields an arithmetic error can be traced to, most likely first (KvInputError.field → state keys).
+const CULPRITS = {
+  tp: ['tp'], tokens: ['ctx', 'seq'], sequences: ['seq'], kv_dtype: ['dtype'], block_size: ['block'],
+  group_size: ['groupSize'], scale_bytes: ['scaleBytes'], state_bytes: ['sdtype'], scale: ['scale'], config: ['preset'],
+};
 
 async function loadJson(url, signal) {
   const res = await fetch(url, { signal });
@@ -36,16 +46,22 @@ async function loadJson(url, signal) {
 }
 
 export const { mount, destroy } = defineFigure((root, figure) => {
-  Promise.all([loadJson(DATA_URL, figure.signal), loadJson(CATALOGUE_URL, figure.signal)])
-    .then(([golden, catalogue]) => { if (figure.alive) start(root, golden, catalogue.models, figure); })
+  Promise.all([DATA_URL, CATALOGUE_URL, KEYS_URL].map((url) => loadJson(url, figure.signal)))
+    .then(([golden, catalogue, table]) => { if (figure.alive) start(root, golden, catalogue.models, table, figure); })
     .catch((err) => {
       if (!figure.alive) return; // destroyed: the fetch was aborted on purpose
       root.querySelector('[data-out="loading"]').textContent = `The calculator could not load its data (${err.message}).`;
     });
 });
 
+function culprits(err) {
+  if (err.field in CULPRITS) return CULPRITS[err.field];
+  if (err.field.startsWith('groups')) return ['preset', 'layers', 'kvHeads', 'headDim'];
+  return [];
+}
+
 // Everything here listens through `figure`, so destroy() removes it all.
-function start(root, golden, catalogue, figure) {
+function start(root, golden, catalogue, table, figure) {
   const field = (name) => root.querySelector(`[data-field="${name}"]`);
   const out = (name) => root.querySelector(`[data-out="${name}"]`);
   const elementTypes = golden.element_types;
@@ -53,7 +69,6 @@ function start(root, golden, catalogue, figure) {
   const presets = golden.presets;
   let livePreset = null;
   let liveApplied = false;
-  let state = parse(new URLSearchParams(location.search), presets, elementTypes.map((e) => e.id), catalogue.map((m) => m.id));
 
   fillSelects(root, field, elementTypes, presets, catalogue);
 
@@ -62,41 +77,109 @@ function start(root, golden, catalogue, figure) {
   }
 
   const storageOf = (st) => ({
-    kv_dtype: st.dtype, scale: st.scale, group_size: st.groupSize, scale_bytes: st.scaleBytes,
-    block_size: st.round, tp: st.tp, state_bytes: bytesOf(st.sdtype),
+    kv_dtype: st.dtype, scale: st.scale, group_size: st.groupSize, scale_bytes: st.scaleBytes, block_size: st.block,
+    tp: st.tp, state_bytes: bytesOf(st.sdtype), zero_point: st.zp, conv_columns: st.conv,
   });
 
-  // The exact answer for a state, or a KvInputError naming the field (the caller keeps the last valid state).
+  // The whole answer for a state, computed once, or a KvInputError naming the field (the caller keeps the last
+  // valid state).
   function compute(st) {
-    const model = resolveModel(st, catalogue);
+    const model = resolveModel(st, catalogue, table);
+    if (model.rejected) {
+      const e = model.rejected.errors[0];
+      throw new KvInputError('config', `${e.field}: ${e.message}`);
+    }
     const storage = storageOf(st);
     const exact = cacheBytes(model.groups, st.ctx, st.seq, storage);
-    return { model, storage, exact, naive: naiveBytes(model.naive, st.ctx, st.seq, st.dtype) };
+    checkAttentionHeads(st.heads, storage.tp); // after the KV heads' check, whose message is the more telling one
+    const naive = model.naive ? naiveBytes(model.naive, st.ctx, st.seq, st.dtype) : null;
+    let vllm;
+    try {
+      vllm = vllmCapacity(model.groups, storage, Math.round(st.vspace * GIB), st.vlen);
+    } catch (err) {
+      if (!(err instanceof KvInputError)) throw err;
+      vllm = { error: err };
+    }
+    return {
+      st, model, storage, exact, naive: Number.isSafeInteger(naive) ? naive : null, vllm,
+      further: furtherTokenBytes(model.groups, st.ctx, storage),
+    };
   }
+
+  // A linked state the arithmetic refuses: set aside the field the error points at (back to its default), say
+  // so, and try again; at worst the defaults.
+  function settle(st, problems) {
+    const base = defaults(presets);
+    let next = st;
+    for (let tries = 0; tries < 12; tries += 1) {
+      try {
+        return { result: compute(next), problems };
+      } catch (err) {
+        if (!(err instanceof KvInputError)) throw err;
+        const key = culprits(err).find((k) => JSON.stringify(next[k]) !== JSON.stringify(base[k]));
+        if (!key) break;
+        problems.push({ field: urlKey(key), message: err.reason });
+        next = key === 'preset' ? { ...next, ...fromPreset(next, presets.find((p) => p.id === 'reference')) } : { ...next, [key]: base[key] };
+      }
+    }
+    problems.push({ field: 'link', message: 'could not be computed; the defaults are shown' });
+    return { result: compute(base), problems };
+  }
+
+  // A link that names a config but not its numbers (?preset=cfg:gemma-3-27b) shows the config's own: the number
+  // fields, the weights' and the state's types; what the link states itself stays.
+  function hydrate(res, search) {
+    const { st, model } = res;
+    if (!model.read) return res;
+    const filled = fromConfig(st, st.preset, model.read, model.entry ? model.entry.params : st.params, st.config);
+    for (const f of ['layers', 'heads', 'kvHeads', 'headDim', 'wdtype', 'sdtype', 'params']) {
+      if (search.get(urlKey(f)) !== null) filled[f] = st[f];
+    }
+    return { ...res, st: filled };
+  }
+
+  const search = new URLSearchParams(location.search);
+  const parsed = parse(search, presets, elementTypes.map((e) => e.id), catalogue.map((m) => m.id));
+  const settled = settle(parsed.state, parsed.problems);
+  let result = hydrate(settled.result, search);
+  let state = result.st;
 
   function showError(err) {
-    out('calc-error').textContent = err ? `${err.field}: ${err.reason}. The last valid numbers stay shown.` : '';
+    if (!err) {
+      out('calc-error').textContent = '';
+      return;
+    }
+    const label = culprits(err).map((k) => LABELS[k]).find(Boolean) || err.field;
+    out('calc-error').textContent = `${label} (${err.field}): ${err.reason}. The last valid numbers stay shown.`;
   }
 
-  // A user change: new state, every read-out redrawn, the URL updated for sharing. Editing an
-  // architecture field by hand turns the preset into "custom" (one group of full attention).
+  function showLinkProblems(problems) {
+    out('calc-error').textContent = problems.length
+      ? `This link's ${problems.map((p) => `${p.field}: ${p.message}`).join('; ')}. Set aside: the rest of the link is shown.` : '';
+  }
+
+  // A user change: new state, computed once, every read-out redrawn from that one result, the URL updated for
+  // sharing. Editing an architecture field by hand turns the preset into "custom" (one group of full attention).
   function update(patch) {
     let next = { ...state, ...patch };
     if (!('preset' in patch) && ARCH_FIELDS.some((f) => f in patch)) next = { ...next, preset: 'custom', config: null };
+    let fresh;
     try {
-      compute(next);
+      fresh = compute(next);
     } catch (err) {
       if (!(err instanceof KvInputError)) throw err;
       showError(err);
       render();
-      return;
+      return false;
     }
     state = next;
+    result = fresh;
     showError(null);
     render();
     const url = new URL(location.href);
     write(url.searchParams, state);
     history.replaceState(history.state, '', url);
+    return true;
   }
 
   const sliders = {
@@ -108,24 +191,28 @@ function start(root, golden, catalogue, figure) {
     }, figure),
   };
 
-  const mixHelp = `Give 1 to ${LIMITS.mixCount[1]} whole numbers from 1 to ${formatInt(LIMITS.mixLen[1])}, separated by commas.`;
-  bindInputs(field, update, () => state, figure, (name, ok) => {
-    if (name === 'mix') out('mix-error').textContent = ok ? '' : mixHelp;
-  });
+  bindInputs(field, out, update, () => state, figure);
   figure.listen(field('preset'), 'change', (ev) => {
     const id = ev.target.value;
     const entry = catalogue.find((m) => `cfg:${m.id}` === id);
     if (entry) {
-      update(fromConfig(state, id, readConfig(entry.config), entry.params));
+      update(fromConfig(state, id, readConfig(entry.config, table), entry.params));
       return;
     }
     const preset = presetById(id);
     update(preset ? fromPreset(state, preset) : { preset: 'custom', config: null });
   });
-  bindConfigInput(root, figure, {
-    onRead: (read, text) => update(fromConfig(state, 'pasted', read, state.params, text)),
+  const configBox = bindConfigInput(root, figure, table, {
+    onRead: (read, text) => {
+      update(fromConfig(state, 'pasted', read, state.params, text));
+      if (text.length > CONFIG_TEXT_MAX) {
+        out('config-error').textContent = `config.json: its relevant keys take ${formatInt(text.length)} characters, more than the `
+          + `${formatInt(CONFIG_TEXT_MAX)} a link carries: a shared link will not restore it.`;
+      }
+    },
     onError: (errors) => { out('config-error').textContent = errors.map((e) => `${e.field}: ${e.message}`).join(' · '); },
   });
+  if (state.preset === 'pasted' && state.config) configBox.show(state.config); // a shared link restores the paste
 
   const live = createLiveCheck(out('live-part'), figure);
   function onModel(info) {
@@ -141,7 +228,6 @@ function start(root, golden, catalogue, figure) {
     liveApplied = true;
   }
   figure.listen(document, 'kvscope:model', (ev) => onModel(ev.detail));
-  onModel(currentModel());
 
   function measuredWeights() {
     if (state.preset !== 'live' || !livePreset || state.params !== livePreset.params) return null;
@@ -149,7 +235,7 @@ function start(root, golden, catalogue, figure) {
   }
 
   function render() {
-    const { model, storage, exact, naive } = compute(state);
+    const { model, storage, exact, naive, further, vllm } = result;
     const preset = presetById(state.preset);
     const entry = model.entry;
     showValues(field, state, sliders);
@@ -167,25 +253,51 @@ function start(root, golden, catalogue, figure) {
     out('per-seq').replaceChildren(bytesNode(exact.sequenceBytes));
     out('total').replaceChildren(bytesNode(exact.totalBytes));
     out('per-gpu').replaceChildren(...(storage.tp > 1 ? [bytesNode(exact.perGpuTotalBytes), ` on each of ${storage.tp} GPUs`] : ['one GPU: the same as all sequences']));
+    renderFurther(out('further'), further, exact.perTokenBytes, state.ctx, storage.tp, storage.block_size);
     renderGroupTable(out('groups-table'), model.groups, exact);
     renderNaive(out('naive'), { naive: model.naive, naiveBytes: naive, exact, groups: model.groups, storage });
     renderKeys(out('config-keys'), model.read, entry);
     out('config-keys').dataset.provenance = kind;
+    renderTiles(out('tiles'), out('tiles-caption'), { ctx: state.ctx, seq: state.seq, block: state.block, parts: exact.groups, tp: storage.tp });
     const growth = exact.perTokenBytes / storage.tp;
-    renderTiles(out('tiles'), out('tiles-caption'), { ctx: state.ctx, seq: state.seq, block: state.block, bytesPerToken: growth });
     renderAllocation(out('alloc'), out('alloc-table'), { mix: state.mix, block: state.block, ctx: state.ctx, bytesPerToken: growth });
-    out('alloc-note').textContent = model.groups.some((g) => g.kind !== 'full') || storage.tp > 1
-      ? `This comparison counts ${formatBytes(growth)} for every position (all layers as if they kept it, one GPU); windows, states and sharing are in the totals above.` : '';
+    out('alloc-note').textContent = `Blocks of ${plural(state.block, 'position')}, the block size chosen under “Storage and GPUs”. `
+      + (model.groups.some((g) => g.kind !== 'full') || storage.tp > 1
+        ? `This comparison counts ${formatBytes(growth)} for every position (all layers as if they kept it, one GPU); windows, states and sharing are in the totals above.` : '');
     renderFit({ weights: out('weights'), membar: out('membar'), membarLegend: out('membar-legend'), fit: out('fit') }, {
       params: state.params, weightBytesPerElement: bytesOf(state.wdtype), measuredWeights: measuredWeights(), memGiB: state.mem,
       groups: model.groups, storage, exact, ctx: state.ctx, seq: state.seq, contextWindow, maxTokens: LIMITS.ctx[1],
     });
+    renderVllm({ line: out('vllm-line'), worked: out('vllm-worked') }, vllm, { block: state.block, vlen: state.vlen, vspace: state.vspace });
   }
 
   render();
+  showLinkProblems(settled.problems);
+  if (settled.problems.length) {
+    const url = new URL(location.href); // the link's refused values are not kept in the address either
+    write(url.searchParams, state);
+    history.replaceState(history.state, '', url);
+  }
+  onModel(currentModel());
   out('loading').hidden = true;
-  for (const name of ['body', 'alloc-part', 'fit-part', 'live-part']) out(name).hidden = false;
+  for (const name of ['body', 'alloc-part', 'fit-part', 'vllm-part', 'live-part']) out(name).hidden = false;
   root.dataset.ready = 'true';
+}
+
+// "Each further token adds X": one more position in every layer still growing at this length, before block
+// rounding (with blocks of B the next token takes nothing, or a whole block at once).
+function renderFurther(el, further, perToken, ctx, tp, block) {
+  const gpus = tp > 1 ? `, over all ${tp} GPUs` : '';
+  let why = ` (only the layers without a window or chunk grow past ${formatInt(ctx)}; one position in every layer is ${formatBytes(perToken)})`;
+  if (further === perToken) why = ' (every layer that keeps positions still grows here)';
+  if (further === 0) {
+    el.replaceChildren('Each further token adds ', bytesNode(0), ' to each sequence: nothing grows past this length, every window, chunk and state is full.');
+    return;
+  }
+  const blocks = block > 1
+    ? ` In blocks of ${block} positions the cache takes nothing until the last block is full, then ${block} positions' worth at once.`
+    : '';
+  el.replaceChildren('Each further token adds ', bytesNode(further), ` to each sequence before block rounding${gpus}${why}.${blocks}`);
 }
 
 function fillSelects(root, field, elementTypes, presets, catalogue) {
@@ -193,11 +305,12 @@ function fillSelects(root, field, elementTypes, presets, catalogue) {
     select.replaceChildren(...elementTypes.map((e) => new Option(`${e.label} (${e.bytes} B)`, e.id)));
   }
   field('sdtype').replaceChildren(...elementTypes.filter((e) => STATE_TYPES.includes(e.id)).map((e) => new Option(`${e.label} (${e.bytes} B)`, e.id)));
-  field('block').replaceChildren(...BLOCK_SIZES.map((b) => new Option(plural(b, 'token'), String(b))));
-  field('round').replaceChildren(...BLOCK_SIZES.map((b) => new Option(b === 1 ? 'none' : plural(b, 'position'), String(b))));
+  field('block').replaceChildren(...BLOCK_SIZES.map((b) => new Option(b === 1 ? '1 (none)' : String(b), String(b))));
   field('tp').replaceChildren(...TP_SIZES.map((n) => new Option(plural(n, 'GPU'), String(n))));
   field('groupSize').replaceChildren(...GROUP_SIZES.map((n) => new Option(`G = ${n}`, String(n))));
   field('scaleBytes').replaceChildren(...SCALE_BYTES.map((n) => new Option(`${n} B (${n === 2 ? 'fp16' : 'fp32'})`, String(n))));
+  const convText = { transformers: 'transformers: conv_kernel columns', vllm: 'vLLM: conv_kernel − 1 columns' };
+  field('conv').replaceChildren(...CONV_COLUMNS.map((c) => new Option(convText[c], c)));
   const live = new Option('Live model (waiting for the server)', 'live');
   live.disabled = true;
   const configs = html('optgroup');
@@ -207,40 +320,64 @@ function fillSelects(root, field, elementTypes, presets, catalogue) {
   field('preset').replaceChildren(...presets.map((p) => new Option(p.label, p.id)), configs, live, pasted, new Option('Custom', 'custom'));
 }
 
-// Text and number fields update the state on every valid keystroke; an invalid entry is marked (and
-// reported through onValidity) and, when the field is left, replaced by the last valid value.
-function bindInputs(field, update, getState, figure, onValidity) {
-  const parsers = {
-    heads: (t) => (t === '' ? null : readInt(t, LIMITS.heads)),
-    params: (t) => {
-      if (t === '') return null;
-      const b = readNum(t, [0, LIMITS.params[1] / 1e9]);
-      return b === undefined ? undefined : Math.round(b * 1e9);
-    },
-    mem: (t) => readNum(t, LIMITS.mem),
-    mix: parseMix,
-  };
-  for (const name of ['layers', 'kvHeads', 'headDim', 'ctx', 'seq']) parsers[name] = (t) => readInt(t, LIMITS[name]);
+// Where each typed field's refusal is said: beside the part of the page it belongs to.
+const ERROR_OUT = { params: 'fit-error', mem: 'fit-error', vspace: 'vllm-error', vlen: 'vllm-error', mix: 'mix-error' };
 
-  for (const [name, parseText] of Object.entries(parsers)) {
+// Number and text fields commit on change (leaving the field) or Enter, never per keystroke: "1e3" is 1,000,
+// not a 1 on the way. What does not read is refused, marked, and the message names the field and its limit; the
+// state keeps its last valid value until the field reads.
+function bindInputs(field, out, update, getState, figure) {
+  const whole = (name) => (t) => readWhole(t, LIMITS[name]);
+  const parsers = {
+    ctx: whole('ctx'), seq: whole('seq'), layers: whole('layers'), kvHeads: whole('kvHeads'), headDim: whole('headDim'),
+    vlen: whole('vlen'),
+    heads: (t) => (t.trim() === '' ? { value: null } : readWhole(t, LIMITS.heads)),
+    params: (t) => {
+      if (t.trim() === '') return { value: null };
+      const b = readNumber(t, [0, LIMITS.params[1] / 1e9]);
+      return 'value' in b ? { value: Math.round(b.value * 1e9) } : b;
+    },
+    mem: (t) => readNumber(t, LIMITS.mem), vspace: (t) => readNumber(t, LIMITS.vspace),
+    mix: (t) => {
+      const v = parseMix(t);
+      return v ? { value: v } : { reason: `give 1 to ${LIMITS.mixCount[1]} whole numbers from 1 to ${formatInt(LIMITS.mixLen[1])}, separated by commas` };
+    },
+  };
+  const say = (name, text) => { out(ERROR_OUT[name] || 'input-error').textContent = text; };
+
+  for (const [name, read] of Object.entries(parsers)) {
     const input = field(name);
-    figure.listen(input, 'input', () => {
-      const v = parseText(input.value.trim());
-      const ok = v !== undefined;
-      input.setAttribute('aria-invalid', String(!ok));
-      onValidity(name, ok);
-      if (ok) update({ [name]: v });
-    });
-    figure.listen(input, 'change', () => {
+    const commit = () => {
+      // A number field whose text the browser cannot read as a number (1e400) reports an empty value: refuse it.
+      const got = input.validity && input.validity.badInput
+        ? { reason: `${(read('?').reason || '').replace(/ \(got .*\)$/, '')}; what was typed is not a number it can read` }
+        : read(input.value);
+      if (!('value' in got)) {
+        input.setAttribute('aria-invalid', 'true');
+        say(name, `${LABELS[name]}: ${got.reason}. Not used: the last valid value stays in the figures.`);
+        return;
+      }
       input.setAttribute('aria-invalid', 'false');
-      onValidity(name, true);
-      showField(input, name, getState());
+      say(name, '');
+      const current = getState()[name];
+      if (JSON.stringify(current) !== JSON.stringify(got.value)) update({ [name]: got.value });
+      input.value = fieldText(name, getState());
+    };
+    figure.listen(input, 'change', commit);
+    figure.listen(input, 'keydown', (ev) => { if (ev.key === 'Enter') { ev.preventDefault(); commit(); } });
+    figure.listen(input, 'input', () => {
+      // Typing clears an earlier refusal once the text reads again; nothing is computed until it is committed.
+      if (input.getAttribute('aria-invalid') === 'true' && 'value' in read(input.value)) {
+        input.setAttribute('aria-invalid', 'false');
+        say(name, '');
+      }
     });
   }
-  for (const name of ['dtype', 'wdtype', 'sdtype', 'scale']) figure.listen(field(name), 'change', (ev) => update({ [name]: ev.target.value }));
-  for (const name of ['block', 'round', 'tp', 'groupSize', 'scaleBytes']) {
+  for (const name of ['dtype', 'wdtype', 'sdtype', 'scale', 'conv']) figure.listen(field(name), 'change', (ev) => update({ [name]: ev.target.value }));
+  for (const name of ['block', 'tp', 'groupSize', 'scaleBytes']) {
     figure.listen(field(name), 'change', (ev) => update({ [name]: Number(ev.target.value) }));
   }
+  figure.listen(field('zp'), 'change', (ev) => update({ zp: ev.target.checked }));
 }
 
 function fieldText(name, state) {
@@ -249,20 +386,17 @@ function fieldText(name, state) {
   return state[name] == null ? '' : String(state[name]);
 }
 
-function showField(input, name, state) {
-  input.value = fieldText(name, state);
-}
-
 const SHOWN = ['layers', 'heads', 'kvHeads', 'headDim', 'ctx', 'seq', 'params', 'mem', 'mix', 'dtype', 'wdtype', 'block', 'preset',
-  'sdtype', 'scale', 'round', 'tp', 'groupSize', 'scaleBytes'];
+  'sdtype', 'scale', 'tp', 'groupSize', 'scaleBytes', 'conv', 'vspace', 'vlen'];
 
-// Puts the state into every control, except the one being typed in (rewriting it would fight the
-// user: "8." is a valid 8 on its way to 8.03).
+// Puts the state into every control, except the one being typed in (rewriting it would fight the user) and one
+// holding a refused entry (its text stays beside its message until it reads).
 function showValues(field, state, sliders) {
   for (const name of SHOWN) {
     const input = field(name);
-    if (input !== document.activeElement) showField(input, name, state);
+    if (input !== document.activeElement && input.getAttribute('aria-invalid') !== 'true') input.value = fieldText(name, state);
   }
+  field('zp').checked = state.zp;
   sliders.ctx.set(state.ctx);
   sliders.seq.set(state.seq);
 }
@@ -289,18 +423,18 @@ function renderKind(el, { heads, kvHeads }, model) {
   else el.textContent = 'More KV heads than query heads is not a real configuration; the arithmetic still runs.';
 }
 
+// A bundled or pasted config.json is a cited file: its numbers are read from it, not made up.
 function presetKind(preset, entry, read) {
-  if (entry) return 'cited';
-  if (read) return 'hypothetical'; // a pasted file: the reader's own numbers
+  if (entry || read) return 'cited';
   if (!preset) return 'hypothetical';
   if (preset.id === 'live') return 'measured';
   return preset.hypothetical ? 'hypothetical' : 'cited';
 }
 
-function sourceLine(kind, name, url, note) {
+function sourceLine(kind, name, url, note, tagText = kind) {
   const source = html('p', { cls: 'kvc-card-source' });
   source.dataset.provenance = kind;
-  source.append(html('span', { cls: `tag tag-${kind}`, text: kind }), ' Source: ');
+  source.append(html('span', { cls: `tag tag-${kind}`, text: tagText }), ' Source: ');
   if (url) {
     const a = html('a', { text: name });
     a.href = url;
@@ -311,13 +445,14 @@ function sourceLine(kind, name, url, note) {
 }
 
 function renderConfigCard(el, entry, read) {
-  const kind = presetKind(null, entry, read);
-  const card = html('p', { cls: 'kvc-card-numbers', text: `${plural(read.naive.layers, 'layer')} read as ${read.groups.map((g) => `${formatInt(g.layers)} ${g.kind}`).join(' + ')}` });
-  card.dataset.provenance = kind;
+  const card = html('p', { cls: 'kvc-card-numbers', text: `${plural(read.naive ? read.naive.layers : read.groups.reduce((a, g) => a + g.layers, 0), 'layer')} read as ${read.groups.map((g) => `${formatInt(g.layers)} ${g.kind}`).join(' + ')}` });
+  card.dataset.provenance = 'cited';
   const params = entry && entry.params ? ` Parameters: ${formatInt(entry.params)} (${entry.params_source}).` : '';
+  const flagged = read.flags.length ? ` ${plural(read.flags.length, 'key')} flagged below, under “Where each number comes from”.` : '';
+  const type = read.modelType ? `model_type ${read.modelType}` : 'no model_type';
   const source = entry
-    ? sourceLine(kind, `${entry.repo} config.json`, entry.url, `${entry.note ? `${entry.note} ` : ''}${params}`.trim())
-    : sourceLine(kind, 'the config.json pasted here', null, 'Your file: its numbers are as you gave them');
+    ? sourceLine('cited', `${entry.repo} config.json`, entry.url, `${entry.note ? `${entry.note} ` : ''}${params}${flagged}`.trim(), 'read')
+    : sourceLine('cited', `the config.json pasted here (${type})`, null, `Read key by key as the list below says.${flagged}`, 'read');
   el.replaceChildren(card, source);
 }
 

@@ -183,9 +183,11 @@ export function sweepSummary(long, v) {
     text += `Prefill's rate levelled off with prompt length (×${num(v.prefillGrowth, 1)} from ${v.first.promptTokens} to `
       + `${v.last.promptTokens} tokens), as it does once arithmetic sets the pace (compute-bound). `;
   }
-  if (v && v.decode === 'memory') {
-    text += `A decode step did ${num(v.decodeRatio, 1)}× less arithmetic per second while reading every weight for one token: `
-      + 'memory traffic, not arithmetic, set its pace (memory-bound).';
+  if (v && v.decode === 'slower') {
+    text += `A decode step did ${num(v.decodeRatio, 1)}× less arithmetic per second while reading every weight for one token. `
+      + 'That alone does not say what held it back: a step is memory-bound only when it moves its bytes near the '
+      + 'machine\'s copy bandwidth, which this sweep does not measure (the serving chapter\'s roofline, in Why batch, '
+      + 'sets each step beside its own kernels and the copy bandwidth).';
   } else if (v && v.decode === 'unclear') {
     text += `A decode step reached ${num(v.decodeRatio, 1)}× of prefill's rate, so this run does not show decode held back by memory.`;
   }

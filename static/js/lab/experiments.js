@@ -155,7 +155,9 @@ export function sweepVerdict(rows) {
   const decodeRatio = last.decodeFlopsPerS > 0 ? last.prefillFlopsPerS / last.decodeFlopsPerS : null;
   return {
     first, last, prefillGrowth, tailGrowth, decodeRatio, prefill,
-    decode: decodeRatio === null ? null : (decodeRatio >= 2 ? 'memory' : 'unclear'),
+    // A lower FLOP rate than prefill's says decode did less arithmetic a second, not what held it back: that
+    // needs its bytes against the machine's copy bandwidth, which a sweep does not measure.
+    decode: decodeRatio === null ? null : (decodeRatio >= 2 ? 'slower' : 'unclear'),
   };
 }
 

@@ -11,7 +11,8 @@ import { formatFixed, formatInt } from '../shared/format.js';
 import { observeSteps, scrollToStep } from '../shared/scroll.js';
 import { listExperiments, runExperiment } from './data.js';
 import { loadTrace } from '../shared/serving-trace.js';
-import { value } from './view.js';
+import { setting, value } from './view.js';
+import { CLAIMS } from './claims.js';
 import { servingRoute } from '../shared/route.js';
 import * as whyBatch from './why-batch.js';
 import * as batching from './batching.js';
@@ -22,6 +23,7 @@ import * as attentionCost from './attention-cost.js';
 import * as speculative from './speculative.js';
 import * as disagg from './disagg.js';
 import * as worked from './worked.js';
+import * as invariance from './invariance.js';
 
 const MODULES = { 'why-batch': whyBatch, batching, paged, chunked, prefix, 'attention-cost': attentionCost, speculative,
   disagg, worked };
@@ -76,8 +78,34 @@ function drawPanel(stage) {
   ctx.bodies[stage].hidden = !response && !ALWAYS.has(stage);
 }
 
+// The step text's sentences that relate figures ([data-claim]), computed from the run the panel shows
+// (claims.js); a sentence without its data is hidden, never shown with blanks.
+function drawClaims(stage) {
+  const name = experimentOf(stage);
+  const { response, source } = dataFor(stage);
+  const made = {};
+  for (const claim of (name && CLAIMS[name]) || []) {
+    const c = response && response.result ? claim(response.result, source === 'live' ? 'live' : 'recorded') : null;
+    if (c) made[c.id] = c;
+  }
+  for (const node of ctx.dom.steps[ctx.stages.indexOf(stage)].querySelectorAll('[data-claim]')) {
+    const c = made[node.dataset.claim];
+    node.hidden = !c;
+    node.replaceChildren();
+    if (!c) continue;
+    for (const part of c.parts) {
+      if (typeof part === 'string') node.append(part);
+      else if (part[1] === 'setting') setting(node, part[0]); // an input the run was given, not a finding
+      else value(node, part[0], part[1]);
+    }
+  }
+}
+
 function drawAll() {
-  for (const stage of ctx.stages) drawPanel(stage);
+  for (const stage of ctx.stages) {
+    drawPanel(stage);
+    drawClaims(stage);
+  }
   render();
 }
 
@@ -107,7 +135,10 @@ function sourceLine(stage) {
     // An experiment recorded later and merged in (record_serving_trace.py --only) has its own date.
     const merged = (on.merged || []).findLast((m) => (m.experiments || []).includes(dataNameOf(stage)));
     const date = merged?.date || on.date;
-    value(node, `${model}, ${on.machine || 'this project’s machine'}, ${date || 'date not given'}`,
+    // the machine it was recorded on, as the recording names it: never "this machine"
+    const machine = merged?.machine || on.machine || 'machine not recorded';
+    const isa = merged?.cpu_capability || on.cpu_capability;
+    value(node, `${model}, ${machine}${isa ? ` (${isa})` : ''}, ${date || 'date not given'}`,
       'measured', 'sv-source-detail');
     node.append(' load ');
     // This experiment's own load when the recording has it, else the recording's at its start.
@@ -313,4 +344,5 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   if (linked >= 0) { ctx.anchored = true; setStage(linked, { scroll: true }); }
   loadRecorded();
   loadOffer();
+  figure.onDestroy(invariance.mount(q('.sv-invariance')).destroy); // its own section, recording and controls
 });

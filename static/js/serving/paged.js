@@ -3,7 +3,7 @@
 // max-length contiguous reservation per request (computed), linked to the calculator's comparison.
 import { html } from '../shared/dom.js';
 import { formatInt, formatSize } from '../shared/format.js';
-import { barRow, clear, value } from './view.js';
+import { barRow, clear, setting, value } from './view.js';
 import { blockCells, peakFrame, share } from './math.js';
 
 const OWNER_COLOURS = 6; // owners cycle through this many colours (serving.css .owner-0 … .owner-5)
@@ -44,27 +44,42 @@ function drawFrame(map, caption, result, index, colours) {
 }
 
 function bytesBars(parent, r) {
-  const all = [r.reserved_bytes, r.used_bytes, r.contiguous_bytes];
+  const window = Number.isFinite(r.window_bytes) ? r.window_bytes : null;
+  const all = [r.reserved_bytes, r.used_bytes, r.contiguous_bytes, ...(window ? [window] : [])];
   const box = html('div', { cls: 'sv-bars', parent });
+  // positions × bytes per position and blocks × bytes per block: worked out from the pool's counts
   barRow(box, { label: 'used', fraction: share(r.used_bytes, all), text: formatSize(r.used_bytes),
-    cls: 'sv-used', data: { value: r.used_bytes } });
+    cls: 'sv-used', provenance: 'computed', data: { value: r.used_bytes } });
   barRow(box, { label: 'reserved', fraction: share(r.reserved_bytes, all), text: formatSize(r.reserved_bytes),
-    cls: 'sv-reserved', data: { value: r.reserved_bytes } });
+    cls: 'sv-reserved', provenance: 'computed', data: { value: r.reserved_bytes } });
   barRow(box, { label: 'contiguous', fraction: share(r.contiguous_bytes, all),
     text: formatSize(r.contiguous_bytes), cls: 'sv-contig', provenance: 'computed', data: { value: r.contiguous_bytes } });
+  if (window) {
+    barRow(box, { label: 'whole window', fraction: share(window, all), text: formatSize(window), cls: 'sv-window',
+      provenance: 'computed', data: { value: window } });
+  }
   const note = html('p', { cls: 'sv-note', parent: box });
   note.append('Blocks of ');
-  value(note, `${formatInt(r.block_size)} positions`, 'measured');
+  setting(note, `${formatInt(r.block_size)} positions`); // the pool's configuration, not a finding
   note.append(', ');
-  value(note, formatSize(r.bytes_per_block), 'measured');
+  value(note, formatSize(r.bytes_per_block), 'computed');
   note.append(' each; pool ');
-  value(note, formatSize(r.pool_bytes), 'measured');
-  note.append('. Used: the positions requests hold; reserved: the whole blocks they hold. The contiguous bar is ');
+  value(note, formatSize(r.pool_bytes), 'computed');
+  note.append('. Used: the positions requests hold, times the bytes a position takes; reserved: the blocks they hold, '
+    + 'times a block\'s bytes. The contiguous bar is ');
   html('span', { cls: 'tag tag-computed', text: 'computed', parent: note });
-  note.append(': one reservation of the maximum length per request, as a server without paging must make');
+  note.append(window
+    ? ': one reservation per request of its prompt plus its maximum answer, as a server without paging must make '
+      + 'before it knows how long the answer will be'
+    : ': one reservation of the maximum length per request, as a server without paging must make');
   if (r.contiguous_basis) {
     note.append(' (');
     value(note, r.contiguous_basis, 'computed');
+    note.append(')');
+  }
+  if (window) {
+    note.append('; a server that reserved the whole context window for each would take the last bar (');
+    value(note, r.window_basis, 'computed');
     note.append(')');
   }
   note.append('. ');

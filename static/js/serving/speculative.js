@@ -3,7 +3,7 @@
 // is model output: it goes in through textContent only.
 import { html } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
-import { clear, readouts, setting } from './view.js';
+import { clear, readouts, setting, value } from './view.js';
 import { specChips, visibleToken } from './math.js';
 
 const KIND_TITLE = { rewrite: 'Rewriting a given passage', open: 'An open-ended request' };
@@ -73,7 +73,13 @@ function checkCost(parent, cases) {
   p.append('A pass that checks proposals is not free: while rewriting, one speculative pass took on average ');
   const v = html('span', { cls: 'sv-num', text: `×${formatFixed(cost.ratio, 1)}`, parent: p });
   v.dataset.provenance = 'computed';
-  p.append(' the time of a plain step (each run’s time ÷ its passes, prefill included). ');
+  p.append(' the time of a plain step (each run’s time ÷ its passes). Both averages count the prefill, the longest pass, as one of ');
+  value(p, formatInt(c.forwards), 'measured');
+  p.append(' speculative passes but one of ');
+  value(p, formatInt(c.plain_forwards), 'measured');
+  p.append(c.forwards < c.plain_forwards
+    ? ' plain ones, so the ratio overstates what a checking pass costs; the recording does not time the prefill apart. '
+    : ' plain ones. ');
   p.append(c.speedup > 1 ? 'It still paid, because each pass kept several tokens.' : 'Here that cost was not repaid.');
 }
 

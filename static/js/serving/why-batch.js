@@ -1,8 +1,9 @@
 // Stage 1 figure: step time, per-user and aggregate tokens per second at batch 1..16 (bars), and a
-// roofline of the machine with the live prefill and decode points placed by arithmetic intensity.
+// roofline of the recording machine: the float32 GEMM's roof for prompts, the copy bandwidth, and each
+// point's own ceiling from the kernels that ran it (serving_experiments/roofline.py).
 import { html, svgEl } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
-import { axes, barRow, clear, value } from './view.js';
+import { axes, barRow, clear, setting, value } from './view.js';
 import { decades, logScale, share } from './math.js';
 import { pointVerdict, ridge, roof } from '../shared/roofline.js';
 
@@ -39,17 +40,29 @@ function bars(parent, points) {
       text: `${formatFixed(p.per_user_tps, 1)} tok/s`, cls: 'sv-per', provenance: 'computed', data: { batch: p.batch, value: p.per_user_tps } });
     value(row, formatMs(p.step_ms), 'measured', 'sv-bar-note');
   }
+  // Which of the measured steps the bars use: the fastest, as the kernels' ceilings are best-of too.
+  const note = html('p', { cls: 'sv-note sv-bars-basis', parent: box });
+  const counts = [...new Set(points.map((p) => p.steps_measured).filter(Number.isFinite))];
+  note.append('Each bar uses the fastest of the ');
+  value(note, counts.map(formatInt).join(' or ') || 'measured', 'measured');
+  note.append(' full-batch steps of its batch size, not their median (median steps: ');
+  value(note, points.map((p) => formatMs(p.step_ms_median)).join(', '), 'measured');
+  note.append('): on a shared machine the slower steps measure the neighbours too.');
 }
+
+const pointName = (p) => (p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`);
 
 function rooflineSvg(parent, rl) {
   const pts = rl.points || [];
   const ridgeI = Number.isFinite(rl.ridge_intensity) ? rl.ridge_intensity : ridge(rl);
+  const ceilings = pts.map((p) => p.attainable_flops_s).filter(Number.isFinite);
   const xs = decades([...pts.map((p) => p.intensity), ridgeI / 10, ridgeI * 10]);
-  const ys = decades([...pts.map((p) => p.flops_s), rl.peak_flops_s * 1.5, roof(xs[0], rl)]);
+  const ys = decades([...pts.map((p) => p.flops_s), ...ceilings, rl.peak_flops_s * 1.5, roof(xs[0], rl)]);
   const x = logScale(xs, [M.left, W - M.right]);
   const y = logScale(ys, [H - M.bottom, M.top]);
   const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-roofline', role: 'img',
-    'aria-label': 'Roofline of this machine: attainable FLOP/s against arithmetic intensity, log scales' }, { parent });
+    'aria-label': 'Roofline of the recording machine: the float32 GEMM\'s roof for prompts, the copy bandwidth, and each '
+      + 'point\'s own ceiling (a tick above it: the kernels that ran it), log scales' }, { parent });
   axes(svg, { W, H, M }, { x, y, xTicks: decadeTicks(xs), yTicks: decadeTicks(ys), xText: sci, yText: sci,
     xTitle: 'arithmetic intensity (FLOP per byte moved)', yTitle: 'FLOP/s' });
   const line = [xs[0], ridgeI, xs[1]].map((i) => `${x(i)},${y(roof(i, rl))}`).join(' ');
@@ -58,35 +71,48 @@ function rooflineSvg(parent, rl) {
   const batches = pts.filter((p) => p.phase === 'decode').map((p) => p.batch);
   const labelled = new Set([Math.min(...batches), Math.max(...batches)]); // the ends; between them labels would collide
   for (const p of pts) {
+    // The point's own ceiling: its FLOPs over the larger of its floors (its kernels alone, its bytes at the bandwidth).
+    if (Number.isFinite(p.attainable_flops_s)) {
+      const cx = x(p.intensity);
+      svgEl('line', { x1: cx, x2: cx, y1: y(p.flops_s), y2: y(p.attainable_flops_s), class: 'sv-ceiling-stem' }, { parent: svg });
+      svgEl('line', { x1: cx - 6, x2: cx + 6, y1: y(p.attainable_flops_s), y2: y(p.attainable_flops_s), class: 'sv-ceiling',
+        'data-phase': p.phase, 'data-ceiling': p.attainable_flops_s }, { parent: svg });
+    }
     const g = svgEl('g', { class: `sv-rpoint sv-${p.phase}`, 'data-phase': p.phase, 'data-intensity': p.intensity,
       'data-flops': p.flops_s, transform: `translate(${x(p.intensity)} ${y(p.flops_s)})` }, { parent: svg });
     svgEl('circle', { r: 5 }, { parent: g });
-    svgEl('title', {}, { text: p.phase === 'prefill' ? `prefill, ${p.tokens} tokens` : `decode, batch ${p.batch}`, parent: g });
+    svgEl('title', {}, { text: pointName(p), parent: g });
     if (p.phase === 'decode' && !labelled.has(p.batch)) continue;
-    const label = p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`;
     // A label near the right edge reads leftwards, so it stays inside the drawing.
     const right = x(p.intensity) > W * 0.7;
     svgEl('text', { x: right ? -7 : 7, y: 14, class: 'sv-rlabel',
-      'text-anchor': right ? 'end' : 'start', 'data-provenance': 'measured' }, { text: label, parent: g });
+      'text-anchor': right ? 'end' : 'start', 'data-provenance': 'measured' }, { text: pointName(p), parent: g });
   }
   return svg;
 }
 
 function rooflineNotes(parent, rl) {
   const p = html('p', { cls: 'sv-note', parent });
-  p.append('Roof: peak ');
+  p.append('Roof for prompts: the float32 GEMM that runs them peaked at ');
   value(p, `${sci(rl.peak_flops_s)} FLOP/s`, 'measured');
-  p.append(', memory bandwidth ');
+  // One kernel at its best size, not the machine's peak: the recording says which sizes.
+  if (rl.peak_kernel) { // the kernel and the sizes it was timed at: settings of the measurement
+    p.append(' (');
+    setting(p, rl.peak_kernel);
+    p.append(')');
+  }
+  p.append('; copy bandwidth ');
   value(p, `${sci(rl.bandwidth_bytes_s)} B/s`, 'measured');
-  p.append('; the ridge, where the two limits meet, sits at ');
+  p.append('; their ridge sits at ');
   value(p, `${formatFixed(rl.ridge_intensity ?? ridge(rl), 1)} FLOP/B`, 'computed');
-  p.append(' (peak ÷ bandwidth). Left of it memory sets the speed; right of it arithmetic does.');
+  p.append(' (peak ÷ bandwidth). A decode step runs other kernels, so each point also has its own ceiling, the tick '
+    + 'above it: its FLOPs over the time its own kernels take alone, or its bytes at the copy bandwidth, whichever is longer.');
   // The method in words (which kernel, which sizes): its figures are the measurement's settings.
   if (rl.basis) html('p', { cls: 'sv-note sv-basis', text: `How: ${rl.basis}.`, parent }).dataset.setting = '';
 }
 
-// What each measured point says, in words: where it sits against the ridge, how much of the roof above
-// it it reached, and the roofline's verdict (its own `verdict` when the recording has one).
+// What each measured point says, in words: its kernels' time alone and its bytes' time against its own
+// time, what holds it back, and how fast its kernels read their weights against a plain copy.
 function verdicts(parent, rl) {
   const list = html('ul', { cls: 'sv-verdicts', parent });
   list.setAttribute('aria-label', 'What each point shows');
@@ -95,13 +121,30 @@ function verdicts(parent, rl) {
     const li = html('li', { parent: list });
     li.dataset.phase = p.phase;
     if (p.phase === 'decode') li.dataset.batch = String(p.batch);
-    html('span', { cls: 'sv-verdict-name', text: p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`, parent: li }).dataset.setting = '';
+    html('span', { cls: 'sv-verdict-name', text: pointName(p), parent: li }).dataset.setting = '';
     li.append(': ');
-    value(li, `${formatFixed(p.intensity, 1)} FLOP/B`, 'computed');
-    li.append(v.side === 'compute-bound' ? ', right of the ridge; reached ' : ', left of the ridge; reached ');
+    if (Number.isFinite(p.kernel_ms)) {
+      li.append('its kernels (');
+      setting(li, p.kernels || p.kernel); // which kernels at which rows: what the step ran, not a finding
+      li.append(') alone ');
+      value(li, formatMs(p.kernel_ms), 'measured');
+      li.append(', its bytes at the copy bandwidth ');
+      value(li, formatMs(p.memory_ms), 'computed');
+      li.append(', the step ');
+      value(li, formatMs(p.step_ms), 'measured');
+      li.append('; the larger floor fills ');
+    } else {
+      value(li, `${formatFixed(p.intensity, 1)} FLOP/B`, 'computed');
+      li.append('; reached ');
+    }
     value(li, `${formatFixed(v.share * 100, 0)} %`, 'computed', 'sv-num sv-share');
-    li.append(' of the roof above it — ');
+    li.append(Number.isFinite(p.kernel_ms) ? ' of it — ' : ' of the roof above it — ');
     value(li, v.verdict || `${v.side} by position`, 'computed', 'sv-num sv-verdict');
+    if (Number.isFinite(p.kernel_bandwidth_share) && p.held_by !== 'memory') {
+      li.append('; its kernels read their weights at ');
+      value(li, `${formatFixed(p.kernel_bandwidth_share * 100, 0)} %`, 'computed', 'sv-num sv-kernel-bw');
+      li.append(' of the copy bandwidth');
+    }
     li.append('.');
   }
 }

@@ -5,6 +5,7 @@ import { html } from '../shared/dom.js';
 import { formatFixed, formatInt } from '../shared/format.js';
 import { barRow, clear, value } from './view.js';
 import { PASS_LIMITS, checkCount, contextUse, share, tokenPasses } from './math.js';
+import { kernelsOf, routeName } from '../shared/route.js';
 
 // The reference text's worked budget (“Take one chat request through the autoregressive loop”).
 const BUDGET = { content: 1000, template: 38, maxNew: 200, window: 4096 };
@@ -72,7 +73,7 @@ function budget(parent) {
 
 function pricing(parent, response) {
   parent.replaceChildren();
-  html('p', { cls: 'sv-sub', text: 'Prompt token vs new token: time per token on this machine, batch one', parent });
+  html('p', { cls: 'sv-sub', text: 'Prompt token vs new token: time per token on the machine named above, batch one', parent });
   if (!response) {
     html('p', { cls: 'sv-empty', text: 'No recorded pricing run. Press “Run it for real” to measure it here.', parent });
     return;
@@ -88,8 +89,14 @@ function pricing(parent, response) {
   value(note, `${formatFixed(r.ratio, 1)} times`, 'computed', 'sv-num sv-price-ratio');
   note.append(' as long as one prompt token (');
   value(note, `${formatInt(r.prompt_tokens)}-token prompt, ${formatInt(r.new_tokens)} new tokens`, 'measured');
-  note.append('), one request at a time on this machine. That shows why the asymmetry exists; it is not a price'
+  note.append('), one request at a time on the machine named above. That shows why the asymmetry exists; it is not a price'
     + ' ratio, which also depends on batching, hardware and business.');
+  // a quantized route runs a long prompt and a decode step on different kernels: the ratio sets one beside the other
+  const kernels = kernelsOf(routeName(response.machine && response.machine.route), r.prompt_tokens);
+  if (kernels && kernels.prompt !== kernels.decode) {
+    note.append(` The prompt ran on the ${kernels.prompt}, each new token on the ${kernels.decode}, so this compares two`
+      + ' kernels.');
+  }
 }
 
 export function mount(el) {

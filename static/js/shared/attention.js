@@ -86,11 +86,28 @@ export function readView(state, { pinned = null, layer = ALL_LAYERS, mode = HEAD
 }
 
 // The caption: "To choose answer token 3, layer 2, the mean over heads, read most: position 0 “<|im_start|>” (marker) 41.2 %; …".
+// How often the prompt's first position is the most-read one, over all layers, across the run's
+// attention events: {steps, first, low, high} (its weight's range where it leads), or null without events.
+export function firstPositionLead(state) {
+  const events = Object.values(state.reads);
+  if (!events.length) return null;
+  const weights = events.filter((e) => e.all && e.all.top && e.all.top[0] && e.all.top[0][0] === 0).map((e) => e.all.top[0][1]);
+  return { steps: events.length, first: weights.length, low: Math.min(...weights), high: Math.max(...weights) };
+}
+
 export function readSentence(state, view, layer) {
   const who = view.heads === HEAD_MODES.SHARPEST ? 'its sharpest head' : 'the mean over heads';
   const most = view.reads.slice(0, 3).map(({ position, weight }) => {
     const at = positionOf(state, position);
     return `position ${position}${at ? ` “${at.text.trim() || at.text}” (${at.source})` : ''} ${(weight * 100).toFixed(1)} %`;
   });
-  return `To choose answer token ${view.index}, ${layerLabel(layer)}, ${who}, read most: ${most.join('; ')}.`;
+  let text = `To choose answer token ${view.index}, ${layerLabel(layer)}, ${who}, read most: ${most.join('; ')}.`;
+  // The first position leading is the pattern called an attention sink: say so where it happens.
+  const lead = firstPositionLead(state);
+  if (view.reads.length && view.reads[0].position === 0 && lead) {
+    text += ` Position 0 led at ${lead.first} of this run's ${lead.steps} steps over all layers (${(lead.low * 100).toFixed(0)}–`
+      + `${(lead.high * 100).toFixed(0)} %): a first token that takes a large share whatever comes next is an attention sink, `
+      + 'so its weight says little about what the token used.';
+  }
+  return text;
 }

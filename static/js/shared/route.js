@@ -25,3 +25,10 @@ export function servingRoute(serving, response = null) {
   const m = /,\s*([A-Za-z0-9_]+)\s*$/.exec(on.model || '');
   return m ? m[1] : null;
 }
+
+// The kernels a prompt and a decode step ran on: a quantized route's prompt of FLOAT_ROWS (16) rows or more
+// runs the float32 copies (model_runner/loading/quantize.py), its decode steps the route's own kernel.
+export function kernelsOf(route, promptTokens) {
+  if (route !== 'int4' && route !== 'int8') return null;
+  return { prompt: promptTokens >= 16 ? 'float32 GEMM' : `${route} kernel`, decode: `${route} kernel` };
+}

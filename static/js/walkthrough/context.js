@@ -1,11 +1,11 @@
 // The recorded run in context: which route, machine and load it was recorded on, how its per-token
 // prefill/decode ratio compares with the serving chapter's pricing run, and what the serving chapter's
-// roofline says about prefill and decode on this machine. Pure: facts from (run, serving trace), no DOM.
+// roofline says about prefill and decode on the machine that recorded it. Pure: facts from (run, serving trace), no DOM.
 // A field a trace lacks gives MISSING, and a sentence whose data is absent is left out (null).
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { median } from '../shared/stats.js';
 import { pointVerdict } from '../shared/roofline.js';
-import { routeName, routeOf, servingRoute } from '../shared/route.js';
+import { kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
 
 // The route a walkthrough run took: its recording's own field first, else its model's facts.
 export function runRoute(run) {
@@ -43,23 +43,39 @@ export function stepVsPrefill(run) {
   return { step, perPosition, ratio: step / perPosition };
 }
 
-// Why two recorded ratios may disagree, from what each recording says about itself.
-function ratioWhy(ours, theirs, mine, pricing, inspected) {
-  return ratioReason(ours, theirs, mine, pricing) + (inspected
-    ? ' This run also kept each token\'s attention weights, which makes its decode steps about a fifth slower '
-      + '(docs/performance.md); the pricing run kept none.'
-    : '');
+// Two runs of one kind "differ" when one is more than this fraction above the other; nearer, "about the same".
+export const SAME_WITHIN = 0.05;
+
+// "shorter than" / "about the same as" / "longer than": a against b, by the SAME_WITHIN rule.
+export function compared(a, b, [less, same, more]) {
+  if (a > b * (1 + SAME_WITHIN)) return more;
+  if (b > a * (1 + SAME_WITHIN)) return less;
+  return same;
 }
 
-function ratioReason(ours, theirs, mine, pricing) {
-  const prompts = `${formatInt(mine)}-token and ${formatInt(pricing)}-token prompts`;
-  if (ours && theirs && ours !== theirs) {
-    return `They are different runs on different routes (${ours} here, ${theirs} there) with ${prompts}: `
-      + 'the route changes both costs, and a longer prompt spreads a prefill over more positions, so the ratio '
-      + 'belongs to one run, not to the model.';
+// Why the two recorded ratios differ, worked out from the four times behind them: which of the two (a
+// prompt position's time, a decode step's time) moved more between the runs, in which direction, and
+// whether this run's attention inspection shows in its steps. Nothing here is said without its figures.
+export function ratioReason(ours, pricing, mine, inspected) {
+  const theirStep = pricing.decode_ms_per_token;
+  const theirPosition = pricing.prefill_ms_per_token;
+  const prefillMoved = Math.abs(Math.log(ours.perPosition / theirPosition));
+  const stepMoved = Math.abs(Math.log(ours.step / theirStep));
+  const longer = mine > pricing.prompt_tokens ? 'this run\'s' : 'the pricing run\'s';
+  const longerCost = (mine > pricing.prompt_tokens) === (ours.perPosition > theirPosition) ? 'more' : 'less';
+  let text = `The two differ ${prefillMoved >= stepMoved ? 'mostly in the prefill' : 'mostly in the decode step'}: `
+    + `a prompt position took ${formatFixed(ours.perPosition, 3)} ms here (${formatInt(mine)} tokens) against `
+    + `${formatFixed(theirPosition, 3)} ms there (${formatInt(pricing.prompt_tokens)} tokens), so ${longer} longer prompt `
+    + `cost ${longerCost} per position, and a decode step took ${formatMs(ours.step)} against ${formatMs(theirStep)}.`;
+  if (inspected) {
+    const word = compared(ours.step, theirStep, ['shorter than', 'about the same as', 'longer than']);
+    // "yet" only where the extra work did not show; a longer step is what that work would predict
+    const link = word === 'longer than' ? 'and' : 'yet';
+    text += ` This run also kept each token's attention weights, extra work in every step, ${link} its median step was `
+      + `${word} the pricing run's; the two runs were also made at different times, under different loads, so this `
+      + 'comparison does not measure that work alone.';
   }
-  return `They are different runs (${prompts}${ours ? `, both ${ours}` : ''}): a longer prompt spreads a prefill `
-    + 'over more positions, and load on the machine stretches either time, so the ratio belongs to one run.';
+  return `${text} A ratio belongs to one run on one machine, not to the model.`;
 }
 
 // The sentence that sets this run's ratio beside the pricing experiment's; null when either is missing.
@@ -68,40 +84,84 @@ export function ratioSentence(run, serving) {
   const pricing = serving && serving.experiments && serving.experiments.pricing;
   const r = pricing && pricing.result;
   if (!ours || !r || !Number.isFinite(r.ratio)) return null;
+  const route = runRoute(run);
+  const theirs = servingRoute(serving, pricing);
+  const kernels = kernelsOf(route, run.prefill.tokens);
+  let why = route && theirs && route !== theirs ? `They ran on different routes (${route} here, ${theirs} there). ` : '';
+  why += ratioReason(ours, r, run.prefill.tokens, run.inspected);
   return {
     ours: formatFixed(ours.ratio, 1),
-    oursDetail: `${formatMs(ours.step)} a step against ${formatFixed(ours.perPosition, 2)} ms a prompt position`,
+    oursDetail: `${formatMs(ours.step)} a step against ${formatFixed(ours.perPosition, 2)} ms a prompt position`
+      + (kernels && kernels.prompt !== kernels.decode
+        ? `; the prompt ran on the ${kernels.prompt}, each new token on the ${kernels.decode}, so this compares two kernels`
+        : ''),
     theirs: formatFixed(r.ratio, 1),
-    why: ratioWhy(runRoute(run), servingRoute(serving, pricing), run.prefill.tokens, r.prompt_tokens, run.inspected),
+    why,
   };
 }
 
 const pct = (share) => `${formatFixed(share * 100, 0)} %`;
 
-// What the serving chapter's roofline says of prefill and of batch-1 decode; null without a roofline.
+// The device the serving chapter's why_batch experiment ran on, in one word ('CPU', 'GPU'), or null.
+export function deviceWord(serving) {
+  const exp = serving && serving.experiments && serving.experiments.why_batch;
+  const device = String((exp && exp.machine && (exp.machine.device || exp.machine.cpu)) || '');
+  if (/^cpu\b/i.test(device) || /x86|arm|aarch/i.test(device)) return 'CPU';
+  if (/gpu|cuda|nvidia|h100|h200|a100|mps/i.test(device)) return 'GPU';
+  return null;
+}
+
+// The serving chapter's roofline, or null.
+export function rooflineOf(serving) {
+  const r = serving && serving.experiments && serving.experiments.why_batch && serving.experiments.why_batch.result;
+  return r && r.roofline && Array.isArray(r.roofline.points) ? r.roofline : null;
+}
+
+// What the serving chapter's roofline says of prefill and of batch-1 decode, each against the kernels that
+// ran it; null without a roofline judged per kernel (one that gives each point's kernel and floors).
 export function roofFacts(serving) {
-  const rl = serving && serving.experiments && serving.experiments.why_batch
-    && serving.experiments.why_batch.result && serving.experiments.why_batch.result.roofline;
-  if (!rl || !Array.isArray(rl.points)) return null;
+  const rl = rooflineOf(serving);
+  if (!rl) return null;
   const prefill = rl.points.find((p) => p.phase === 'prefill');
   const decode = rl.points.filter((p) => p.phase === 'decode').sort((a, b) => a.batch - b.batch)[0];
-  if (!prefill || !decode) return null;
+  if (!prefill || !decode || ![prefill.kernel_ms, decode.kernel_ms, decode.memory_ms].every(Number.isFinite)) return null;
   const pv = pointVerdict(prefill, rl);
   const dv = pointVerdict(decode, rl);
-  const bytesPerS = decode.flops_s / decode.intensity;
-  // Mostly overhead: the roofline's own verdict says so, or the step moved under half the copy bandwidth.
-  const overhead = /overhead/i.test(dv.verdict || '') || bytesPerS / rl.bandwidth_bytes_s < 0.5;
+  const kernelShare = decode.kernel_ms / decode.step_ms;
+  const roof = rl.held_by_roof ?? 0.5;
+  const device = deviceWord(serving);
+  const quantized = rl.route === 'int4' || rl.route === 'int8';
   return {
     ridge: `${formatFixed(pv.ridge, 1)} FLOP/B`,
+    peak: `${formatFixed(rl.peak_flops_s / 1e9, 0)} GFLOP/s`,
+    peakKernel: rl.peak_kernel || 'the compute kernel',
+    bandwidth: `${formatFixed(rl.bandwidth_bytes_s / 1e9, 1)} GB/s`,
     prefillTokens: formatInt(prefill.tokens),
     prefillIntensity: `${formatFixed(prefill.intensity, 1)} FLOP/B`,
     prefillSide: pv.side === 'compute-bound' ? 'right of it, on the compute side' : 'left of it, on the memory side',
-    prefillShare: pct(pv.share),
-    prefillVerdict: pv.verdict || `${pv.side} by position`,
-    decodeIntensity: `${formatFixed(decode.intensity, 1)} FLOP/B`,
-    decodeBandwidthShare: pct(bytesPerS / rl.bandwidth_bytes_s),
-    decodeVerdict: dv.verdict || `${dv.side} by position${overhead ? ', though far below that roof' : ''}`,
-    decodeOverhead: overhead,
+    prefillKernel: prefill.kernels || prefill.kernel,
+    prefillKernelMs: formatMs(prefill.kernel_ms),
+    prefillStepMs: formatMs(prefill.step_ms),
+    // the kernels' own share of the step, the figure the sentence sets beside "took X of its Y"
+    prefillShare: pct(prefill.kernel_ms / prefill.step_ms),
+    prefillVerdict: pv.verdict,
+    decodeKernel: decode.kernels || decode.kernel,
+    decodeKernelMs: formatMs(decode.kernel_ms),
+    decodeMemoryMs: formatMs(decode.memory_ms),
+    decodeStepMs: formatMs(decode.step_ms),
+    decodeKernelShare: pct(kernelShare),
+    decodeKernelBandwidth: pct(decode.kernel_bandwidth_share),
+    decodeRest: pct(1 - dv.share),
+    decodeVerdict: dv.verdict,
+    decodeDevice: device,
+    // the conditions the decode paragraph's sentences stand on
+    // a quantized route's kernels (the sentence speaks of unpacking) on a named device take longer than their
+    // bytes and stream them at under half the copy bandwidth
+    decodeArithmetic: quantized && device !== null && decode.kernel_ms > decode.memory_ms
+      && decode.kernel_bandwidth_share < roof,
+    decodeOverhead: decode.held_by === 'overhead',
+    // the bytes are the longer floor and fill at least half of the step: what the sentence says
+    decodeMemory: decode.memory_ms >= decode.kernel_ms && decode.memory_ms / decode.step_ms >= roof,
   };
 }
 
@@ -117,15 +177,30 @@ export function contextFacts(run, serving, recorded = null) {
   if (roof) {
     Object.assign(facts, {
       ridge: [roof.ridge, 'computed'],
-      'prefill-tokens': [roof.prefillTokens, 'measured'],
+      'roof-peak': [roof.peak, 'measured'],
+      'roof-peak-kernel': [roof.peakKernel, 'computed'],
+      'roof-bandwidth': [roof.bandwidth, 'measured'],
+      'prefill-tokens': [roof.prefillTokens, 'setting'],
       'prefill-intensity': [roof.prefillIntensity, 'computed'],
       'prefill-side': [roof.prefillSide, 'computed'],
+      'prefill-kernel': [roof.prefillKernel, 'computed'],
+      'prefill-kernel-ms': [roof.prefillKernelMs, 'measured'],
+      'prefill-step-ms': [roof.prefillStepMs, 'measured'],
       'prefill-verdict': [roof.prefillVerdict, 'computed'],
       'prefill-share': [roof.prefillShare, 'computed'],
-      'decode-bandwidth-share': [roof.decodeBandwidthShare, 'computed'],
+      'decode-kernel': [roof.decodeKernel, 'computed'],
+      'decode-kernel-ms': [roof.decodeKernelMs, 'measured'],
+      'decode-memory-ms': [roof.decodeMemoryMs, 'computed'],
+      'decode-step-ms': [roof.decodeStepMs, 'measured'],
+      'decode-kernel-share': [roof.decodeKernelShare, 'computed'],
+      'decode-kernel-bandwidth': [roof.decodeKernelBandwidth, 'computed'],
+      'decode-rest': [roof.decodeRest, 'computed'],
       'decode-verdict': [roof.decodeVerdict, 'computed'],
     });
-    hidden.push(roof.decodeOverhead ? 'roof-decode-memory' : 'roof-decode-overhead');
+    if (roof.decodeDevice) facts['decode-device'] = [roof.decodeDevice, 'setting'];
+    if (!roof.decodeArithmetic) hidden.push('roof-decode-arithmetic');
+    if (!roof.decodeOverhead) hidden.push('roof-decode-overhead');
+    if (!roof.decodeMemory) hidden.push('roof-decode-memory');
   } else hidden.push('roof-prefill', 'roof-decode');
   const ratio = run.measured ? ratioSentence(run, serving) : null;
   if (ratio) {

@@ -42,7 +42,15 @@ function showFacts() {
   const facts = storyFacts(ctx.run);
   for (const node of ctx.el.querySelectorAll('[data-fact]')) {
     node.textContent = facts[node.dataset.fact] ?? MISSING;
-    node.dataset.provenance = factProvenance(node.dataset.fact, ctx.run);
+    const provenance = factProvenance(node.dataset.fact, ctx.run);
+    // a setting (the model's configuration, the request's own choices) is an input, not a finding
+    if (provenance === 'setting') {
+      node.dataset.setting = '';
+      delete node.dataset.provenance;
+    } else {
+      node.dataset.provenance = provenance;
+      delete node.dataset.setting;
+    }
   }
   const prov = ctx.run.measured ? 'measured' : 'schematic';
   for (const tag of ctx.el.querySelectorAll('[data-prov]')) {
@@ -60,7 +68,13 @@ function showContext() {
   for (const node of ctx.el.querySelectorAll('[data-ctx]')) {
     const [text, provenance] = facts[node.dataset.ctx] || [MISSING, 'schematic'];
     node.textContent = text;
-    node.dataset.provenance = provenance;
+    if (provenance === 'setting') { // a count or name the recording was given, not a finding
+      node.dataset.setting = '';
+      delete node.dataset.provenance;
+    } else {
+      node.dataset.provenance = provenance;
+      delete node.dataset.setting;
+    }
   }
   for (const node of ctx.el.querySelectorAll('[data-ctx-sentence]')) node.hidden = hidden.includes(node.dataset.ctxSentence);
 }

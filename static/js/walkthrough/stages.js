@@ -144,10 +144,29 @@ export function endSentence(end) {
 
 // Where each story fact comes from: read off the run on display (measured; schematic for a synthetic
 // run), or worked out from it by arithmetic (computed). index.js writes it into data-provenance.
-const COMPUTED_FACTS = new Set(['bytes-per-token', 'prefill-tps', 'decode-tps', 'decode-steps']);
+// The model's own configuration and the request's settings are inputs of the run, not findings: they
+// carry no provenance ('setting'; index.js marks them data-setting). A fact worked out by arithmetic,
+// a count times a constant included, is computed; the rest is read off the run (measured).
+const COMPUTED_FACTS = new Set(['bytes-per-token', 'prefill-tps', 'decode-tps', 'decode-steps', 'cache-bytes', 'weights-what',
+  'cache-check', 'cache-reserved']);
+const SETTING_FACTS = new Set(['model-name', 'messages', 'vocab', 'max-new', 'context-window', 'layers',
+  'kv-heads', 'head-dim', 'bytes-per-element']);
 export function factProvenance(name, run) {
+  if (SETTING_FACTS.has(name)) return 'setting';
   if (!run.measured) return 'schematic';
   return COMPUTED_FACTS.has(name) ? 'computed' : 'measured';
+}
+
+// What the paged pool held against what the positions need, and whether that can be right: the pool's
+// blocks held × its bytes per block (measured by the engine, from the pool) must hold the formula's bytes,
+// with less than one block to spare. null when the run's events carry no block figures.
+export function cacheCheck(cache, bytesPerToken, blockSize = 16) {
+  if (!cache || !Number.isFinite(cache.reserved) || !Number.isFinite(cache.blocks) || !(cache.blocks > 0)) return null;
+  const needed = cache.tokens * bytesPerToken;
+  const perBlock = cache.reserved / cache.blocks;
+  const holds = cache.reserved >= needed && cache.reserved - needed < perBlock;
+  const rows = perBlock / bytesPerToken;
+  return { needed, perBlock, holds, rows: Number.isInteger(rows) ? rows : blockSize };
 }
 
 const ROLE_WORDS = { system: 'system instruction', user: 'user message', assistant: 'earlier answer', retrieved: 'retrieved passage' };
@@ -213,15 +232,35 @@ export function storyFacts(run) {
     'decode-tps': formatFixed(decodeTokensPerS(run.tokens.map((t) => t.tMs / 1000)), 1),
     'cache-positions': formatInt(run.cache.tokens),
     'cache-bytes': formatSize(run.cache.bytes),
+    'cache-blocks': formatInt(run.cache.blocks),
+    'cache-reserved': formatSize(run.cache.reserved),
+    'cache-check': cacheCheckText(cacheCheck(run.cache, m.kv_bytes_per_token)),
     'bytes-per-token': formatInt(m.kv_bytes_per_token),
     'layers': formatInt(m.layers),
     'kv-heads': formatInt(m.kv_heads),
     'head-dim': formatInt(m.head_dim),
     'bytes-per-element': formatInt(m.bytes_per_element),
     'weights': formatSize(m.weights_bytes),
+    'weights-what': weightsWhat(m),
     'finish-reason': run.end ? run.end.reason : MISSING,
     'e2e': formatMs(metrics.e2e_ms ?? (run.end ? run.end.tMs : null)),
   };
+}
+
+// What the weights' byte count holds, where it is more than the model's own weights: on the int4 route
+// with float32 copies kept for prompts (cost_shape.float_prefill), the copies and the head's int8 pass too.
+export function weightsWhat(model) {
+  const shape = model && model.cost_shape;
+  if (!shape || !shape.float_prefill) return '';
+  return ` (the ${shape.route} layers, the head's int8 copy and the float32 copies kept for prompts of 16 tokens or`
+    + ' more: more than the float32 model\'s own weights)';
+}
+
+function cacheCheckText(check) {
+  if (!check) return MISSING;
+  return check.holds
+    ? `enough for its positions with less than one block to spare (${formatSize(check.needed)} needed)`
+    : `not what its positions need (${formatSize(check.needed)}): the pool's accounting is off`;
 }
 
 // The figure's caption lines for a state: [{text, tag}] where tag is a provenance label (or null).
@@ -248,7 +287,7 @@ export function readout(state, run) {
       : line('no token yet', null)),
     decode: () => [...line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']}`), ...line(`${f['decode-tps']} tokens/s`, run.measured ? 'computed' : m)],
     cache: () => [
-      ...line(`${f['cache-positions']} positions cached, ${f['cache-bytes']} held`),
+      ...line(`${f['cache-positions']} positions cached in ${f['cache-blocks']} blocks, ${f['cache-reserved']} reserved`),
       ...line(`${f['bytes-per-token']} B per token = 2 × ${f.layers} layers × ${f['kv-heads']} KV heads × `
         + `${f['head-dim']} × ${f['bytes-per-element']} B`, 'computed'),
       ...line(`weights ${f.weights}, fixed`),
