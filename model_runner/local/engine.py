@@ -115,7 +115,8 @@ class Engine(EngineBase, AdmissionControls):
         self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
         self._forwards: dict[bool, BatchForward] = {}  # by mode, each made when the mode is first used
-        self._forward = self._forward_for(self.scheduler.batch_invariant)
+        self._forward_mode = self.scheduler.batch_invariant  # the mode self._forward was made for
+        self._forward = self._forward_for(self._forward_mode)
         self._post = Postprocess(self.loaded, self.pool, self.scheduler, self._end_now)
         self._usage = self.pool.usage().to_dict()
         self._status = "ready"
@@ -314,7 +315,9 @@ class Engine(EngineBase, AdmissionControls):
         with self._lock:
             self._end_cancelled_and_expired()
             self._apply_pool_policy()
-            self._forward = self._forward_for(self.scheduler.batch_invariant)
+            if self._forward_mode != self.scheduler.batch_invariant:  # switched since the last step
+                self._forward_mode = self.scheduler.batch_invariant
+                self._forward = self._forward_for(self._forward_mode)
             batch = self.scheduler.schedule(self.pool)
             self._admit(batch)
         if not batch:

@@ -18,6 +18,7 @@ SMALL = {
     "attention_cost": {"max_positions": 256, "new_tokens": 4},
     "speculative": {"new_tokens": 8},
     "pricing": {"prompt_tokens": 64, "new_tokens": 3},
+    "batch_invariance": {"requests": 2, "new_tokens": 4},
 }
 
 
