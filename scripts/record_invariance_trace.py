@@ -12,16 +12,14 @@ import json
 import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from record_serving_trace import in_process, machine_name  # noqa: E402
+from record_serving_trace import in_process, recording_context  # noqa: E402
 
-from model_runner.trace import host_context, route_of  # noqa: E402
 from serving_experiments import harness  # noqa: E402
 from serving_experiments.contract import check_response  # noqa: E402
 
@@ -55,16 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     trace = {
         "schema": 1,
-        "recorded_on": {
-            "machine": machine_name(),
-            "load_1m": round(load_start, 2),
-            "load_1m_end": round(os.getloadavg()[0], 2),
-            "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
-            "route": route_of(facts),
-            "cpus": os.cpu_count(),
-            **host_context(),
-        },
+        "recorded_on": recording_context(facts, load_start),
         "experiment": body,
     }
     args.out.write_text(json.dumps(trace, indent=1, ensure_ascii=False) + "\n")

@@ -86,6 +86,21 @@ def machine_name() -> str:
     return ", ".join(part for part in (cpu_model(), platform.machine(), f"{os.cpu_count()} cores") if part)
 
 
+def recording_context(facts: dict, load_start: float) -> dict:
+    """Where and when a recording was made: the machine, its load before and after, the model and its route."""
+    return {
+        "machine": machine_name(),
+        "load_1m": round(load_start, 2),
+        "load_1m_end": round(os.getloadavg()[0], 2),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # the weights' route beside the name: it sets the numbers (the page names it with the run)
+        "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
+        "route": route_of(facts),
+        "cpus": os.cpu_count(),
+        **host_context(),  # of the machine running this script (the server's, in-process)
+    }
+
+
 def with_processor(body: dict, processor: str) -> dict:
     """An experiment's answer with its machine naming the processor it ran on (the server names only its
     architecture): added where known, never guessed."""
@@ -119,17 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             experiments[name] = body if args.url else with_processor(body, cpu_model())
     finally:
         close()
-    recorded_on = {
-        "machine": machine_name(),
-        "load_1m": round(load_start, 2),
-        "load_1m_end": round(os.getloadavg()[0], 2),
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        # the weights' route beside the name: it sets the numbers (the page names it with the run)
-        "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
-        "route": route_of(facts),
-        "cpus": os.cpu_count(),
-        **host_context(),  # of the machine running this script (the server's, in-process)
-    }
+    recorded_on = recording_context(facts, load_start)
     if args.only and "recorded_on" in old:  # a merge: the other experiments keep the recording they came from
         merged = {
             "experiments": names,
