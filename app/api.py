@@ -45,6 +45,7 @@ def model():
             "facts": public_facts(facts) if facts is not None else None,
             "limits": LIMITS,
             "batch_invariant": batch_invariance(engine),
+            "decoder": decoder_of(engine),
         }
     )
 
@@ -54,6 +55,15 @@ def batch_invariance(engine) -> dict:
     engine's server decides how it batches: off here."""
     local = getattr(engine, "local", None)
     return local.batch_invariance() if local is not None and hasattr(local, "batch_invariance") else {"on": False}
+
+
+def decoder_of(engine) -> dict | None:
+    """Which decoder runs the built-in engine's steps (model_runner/local/decoders.py); a remote engine's
+    server runs its own, and says nothing about it here."""
+    local = getattr(engine, "local", None)
+    if local is None or not hasattr(local, "decoder"):
+        return {"name": None, "reason": "a remote engine: its server runs the model"}
+    return local.decoder()
 
 
 @bp.post("/api/prompt")

@@ -39,6 +39,7 @@ def builtin_engine(app: Flask) -> Engine:
             dtype=app.config["DTYPE"],
             cuda_graphs=str(app.config["CUDA_GRAPHS"]),
             batch_invariant=bool(app.config.get("BATCH_INVARIANT", False)),  # `kvscope serve --batch-invariant`
+            decoder=str(app.config.get("DECODER", "auto")),  # `kvscope serve --decoder`
             max_queue=int(app.config["MAX_QUEUE"]),
             timeout_s=float(app.config["TIMEOUT_S"]),
             kv_cache_mb=app.config["KV_CACHE_MB"],

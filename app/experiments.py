@@ -112,6 +112,8 @@ def machine(engine) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "device": facts.device_name or facts.device,
         "route": facts.dtype_route,  # the weights' route (int4, int8, float32, ...): it sets every time measured
+        # whether a prompt of FLOAT_ROWS tokens or more ran on float32 copies (int4 only): which kernel a prefill ran
+        "float_prefill": bool((facts.cost_shape or {}).get("float_prefill")),
         "threads": torch.get_num_threads(),
         "load_1m": round(os.getloadavg()[0], 2),
     }

@@ -62,6 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         "DTYPE": args.dtype,
         "CUDA_GRAPHS": args.cuda_graphs,
         "BATCH_INVARIANT": args.batch_invariant,
+        "DECODER": args.decoder,
         "BIND_HOST": args.host,
         "PORT": args.port,
         "ALLOWED_ORIGINS": args.allow_origin or [],
@@ -185,6 +186,15 @@ def add_batch_invariant_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_decoder_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--decoder",
+        choices=engine_defaults.DECODERS,
+        default="auto",
+        help=engine_defaults.DECODER_HELP + " (default auto)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description="Inside a streaming answer: a real model, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default auto)",
     )
     add_batch_invariant_flag(s)
+    add_decoder_flag(s)
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument(
         "--timeout",

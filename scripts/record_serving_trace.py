@@ -7,6 +7,9 @@ the machine and its load (`uptime`) when it was recorded.
     .venv/bin/python scripts/record_serving_trace.py --url http://127.0.0.1:8000
     .venv/bin/python scripts/record_serving_trace.py --only attention_cost   # merged into the file
 
+Experiments recorded in a file of their own (contract.RECORDED_APART: batch_invariance, by
+scripts/record_invariance_trace.py) are not run here.
+
 With --only, the file's `recorded_on` (which describes the full recording) is kept, and the merged
 experiments are listed under its `merged` with their own date and load (each answer has its machine).
 """
@@ -28,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from model_runner.trace import host_context, route_of, warm_up  # noqa: E402
-from serving_experiments.contract import check_trace  # noqa: E402
+from serving_experiments.contract import RECORDED_APART, check_trace  # noqa: E402
 from serving_experiments.registry import EXPERIMENTS  # noqa: E402
 
 OUT = ROOT / "static" / "data" / "serving-trace.json"
@@ -109,6 +112,18 @@ def with_processor(body: dict, processor: str) -> dict:
     return {**body, "machine": {**body.get("machine", {}), "processor": processor}}
 
 
+def names_to_record(only: list[str] | None) -> list[str]:
+    """The experiments this script runs: those named by --only, or all; never one recorded apart, whose
+    run (minutes, and its own machine and load) belongs in its own file."""
+    apart = [name for name in only or [] if name in RECORDED_APART]
+    if apart:
+        raise SystemExit(
+            f"--only: {', '.join(apart)} is recorded apart, in {', '.join(RECORDED_APART[n] for n in apart)}"
+            " (scripts/record_invariance_trace.py)"
+        )
+    return only or [name for name in EXPERIMENTS if name not in RECORDED_APART]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a started kvscope server (policy changes allowed); default: in-process")
@@ -117,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", nargs="*", help="record only these experiments (merged into an existing file)")
     args = parser.parse_args(argv)
+    names = names_to_record(args.only)  # before the model loads: a refused name costs nothing
     post, facts, close = remote(args.url) if args.url else in_process(args.model, args.dtype)
     load_start = os.getloadavg()[0]
-    names = args.only or list(EXPERIMENTS)
     old = json.loads(args.out.read_text()) if args.only and args.out.exists() else {"experiments": {}}
     experiments = dict(old["experiments"])
     try:

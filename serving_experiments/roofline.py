@@ -1,6 +1,7 @@
 """The roofline per kernel that ran: each measured step is set beside the time its own kernels take alone
 (one decoder layer's projections as the model calls them at the step's row count, times the layers, plus the
-head; float32 GEMM for a prompt of FLOAT_ROWS rows or more, the int4/int8 kernel for a decode batch) and the
+head; float32 GEMM for a prompt of FLOAT_ROWS rows or more where the route keeps float32 copies for prompts,
+else the route's own kernel at any rows) and the
 time its bytes take at the copy bandwidth; the larger of the two is the step's floor, and the verdict says
 which of them, or neither (overhead), holds it back. FLOPs and bytes are formulas/cost.py's."""
 
@@ -139,12 +140,13 @@ def _projections(layer) -> list:
     return [m for m in layer.modules() if isinstance(m, (nn.Linear, *QUANTIZED))]
 
 
-def kernel_name(route: str, rows: int, decode: bool) -> str:
-    """The kernel a call of `rows` rows runs on this route, in words (quantize.py's rule: FLOAT_ROWS rows or
-    more of a prompt take the float32 copies; a decode step stays on the route's kernel at any width)."""
+def kernel_name(route: str, rows: int, decode: bool, float_prefill: bool) -> str:
+    """The kernel a call of `rows` rows runs on this route, in words (quantize.py's rule: only a route that keeps
+    float32 copies for prompts, `float_prefill`, runs a prompt's FLOAT_ROWS rows or more on them; int8, and
+    int4 without the copies, run every call on the route's kernel; a decode step stays there at any width)."""
     if route not in QUANTIZED_ROUTES:
         return f"{route} GEMM"
-    if not decode and rows >= cost.FLOAT_ROWS:
+    if float_prefill and not decode and rows >= cost.FLOAT_ROWS:
         return "float32 GEMM"
     return f"{route} kernel"
 
@@ -209,9 +211,9 @@ class Kernels:
 # ---- judging a point ------------------------------------------------------------------------------------
 
 
-def kernels_text(route: str, rows: int, decode: bool) -> str:
+def kernels_text(route: str, rows: int, decode: bool, float_prefill: bool) -> str:
     """The kernels a step ran, in words: the layers' kernel at its rows and the head's pass at its logits rows."""
-    layers = f"the {kernel_name(route, rows, decode)} at {rows} row{'s' if rows != 1 else ''}"
+    layers = f"the {kernel_name(route, rows, decode, float_prefill)} at {rows} row{'s' if rows != 1 else ''}"
     head_rows = rows if decode else 1
     if route not in QUANTIZED_ROUTES:
         return f"{layers} and the head"
@@ -284,7 +286,7 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
     calls += [(part, b, True) for b in batches for part in ("layers", "head")]
     timed = kernels.measure(calls)
 
-    prefill_kernel = kernel_name(shape.route, tokens, decode=False)
+    prefill_kernel = kernel_name(shape.route, tokens, False, shape.float_prefill)
     first = judge(
         cost.prefill_flops(shape, tokens),
         cost.prefill_bytes(shape, tokens),
@@ -294,20 +296,20 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         prefill_kernel,
         _weights_read(shape, tokens, decode=False),
     )
-    first["kernels"] = kernels_text(shape.route, tokens, decode=False)
+    first["kernels"] = kernels_text(shape.route, tokens, False, shape.float_prefill)
     points = [{"phase": "prefill", "tokens": tokens, "rows": tokens, **first}]
     for d in decodes:
         b = d["batch"]
         flops = b * cost.decode_flops(shape, d["context"])
         read = cost.decode_step_bytes(shape, b, d["context"])
         kernel_s = timed[("layers", b, True)] + timed[("head", b, True)]
-        kernel = kernel_name(shape.route, b, decode=True)
+        kernel = kernel_name(shape.route, b, True, shape.float_prefill)
         p = judge(flops, read, d["ms"] / 1000, kernel_s, bandwidth, kernel, _weights_read(shape, b, decode=True))
-        p["kernels"] = kernels_text(shape.route, b, decode=True)
+        p["kernels"] = kernels_text(shape.route, b, True, shape.float_prefill)
         points.append({"phase": "decode", "batch": b, "rows": b, **p})
 
     gemm = {r: kernels.layer_flops(r) / timed[("layers", r, False)] for r in (tokens, *GEMM_ROWS)}
-    gemm_kernel = kernel_name(shape.route, max(GEMM_ROWS), decode=False)
+    gemm_kernel = kernel_name(shape.route, max(GEMM_ROWS), False, shape.float_prefill)
     peak = max(gemm.values())
     return {
         "peak_flops_s": round(peak, 1),
@@ -321,7 +323,8 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         "basis": "each step against its own kernels, measured on the machine that ran it: one decoder layer's "
         f"projections as the model calls them at the step's rows (x {kernels.layers} layers) plus the head, "
         f"best of {REPEATS} interleaved (one layer's weights can stay in cache between repeats, so the kernels' time is a "
-        "cache-warm lower bound and their share of the copy bandwidth an upper one); {_route_rule(shape.route)}; bandwidth by a 256 MiB copy (bytes read + "
+        "cache-warm lower bound and their share of the copy bandwidth an upper one); "
+        f"{route_rule(shape.route, shape.float_prefill)}; bandwidth by a 256 MiB copy (bytes read + "
         "written); FLOPs and bytes computed by formulas/cost.py; a step whose larger floor (its kernels alone, "
         f"or its bytes at that bandwidth) fills under {HELD_BY_ROOF:.0%} of it is called overhead",
     }
@@ -332,10 +335,16 @@ def _rows_list(rows: list[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def _route_rule(route: str) -> str:
-    if route in QUANTIZED_ROUTES:
+def route_rule(route: str, float_prefill: bool) -> str:
+    """Which kernels ran which step on this route, in words (kernel_name's rule), for the roofline's basis."""
+    if route not in QUANTIZED_ROUTES:
+        return f"every step on the {route} weights"
+    if float_prefill:
         return (
             f"a prompt of {cost.FLOAT_ROWS} rows or more on the float32 weights (float32 GEMM), "
             f"a decode step on the {route} kernel and the head's int8 pass at the batch's rows"
         )
-    return f"every step on the {route} weights"
+    return (
+        f"every step on the {route} kernel, a prompt's too (no float32 copies kept for prompts), "
+        "and the head's int8 pass at a prompt's one row or a decode batch's rows"
+    )

@@ -150,6 +150,7 @@ class Int4Siblings:
         self.weight = torch.cat([layer.weight for layer in layers])  # packed rows: one per output
         self.scales_zeros = torch.cat([layer.scales_zeros for layer in layers], dim=1)  # [in/32, out, 2]
         self.widths = [layer.out_features for layer in layers]
+        self.layers = layers
         start = 0
         for index, layer in enumerate(layers):
             end = start + layer.out_features
@@ -159,6 +160,16 @@ class Int4Siblings:
             layer.siblings, layer.sibling_index = self, index
             start = end
         self._held = _HeldOutputs()
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Every sibling's output for x at once, [rows, Σ out_features], side by side in sibling order: the one
+        int4 call their forwards share, bit for bit (the native step, local/native.py, takes it whole). None
+        where the forwards would not make that call: a prompt's rows on the float weights, or biases to add."""
+        first = self.layers[0]
+        flat = _rows(x, x.shape[-1])
+        if (first.float_weight is not None and _prompt_rows(flat)) or any(one.bias is not None for one in self.layers):
+            return None
+        return _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Sibling `index`'s output for x as [rows, its out_features], computed with its siblings' on the first

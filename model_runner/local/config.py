@@ -13,6 +13,12 @@ EVENT_BUFFER = 1024  # events a client may fall behind before it is dropped as s
 BLOCK_SIZE = 16  # tokens per paged KV block (vLLM's default)
 POLICY = Policy()  # continuous batching, 16 requests, 512 tokens a step, chunking and prefix caching off
 CUDA_GRAPHS = "auto"  # decode steps replayed as CUDA graphs where the device is CUDA
+DECODERS = ("auto", "native", "transformers")  # local/decoders.py
+DECODER_HELP = (
+    "which code runs a step: auto (native for Llama-family models: Llama, SmolLM2, Qwen2, Qwen3; transformers for "
+    "the rest), native (kvscope's plain-torch decoder step over the paged pool) or transformers (the model's own "
+    "forward through transformers' paged attention)"
+)
 
 
 @dataclass(frozen=True)
@@ -33,3 +39,5 @@ class EngineConfig:
     # Batch-invariant decoding (local/invariant.py): a request's logits the same bits whatever its company;
     # decode rows padded to the starting policy's max_num_seqs, prompts alone, prefix caching off, no graphs.
     batch_invariant: bool = False
+    # Which decoder runs a step (local/decoders.py): auto (native for the Llama family), native or transformers.
+    decoder: str = "auto"

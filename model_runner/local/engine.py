@@ -22,6 +22,7 @@ from model_runner.loading.loader import LoadedModel, ModelFacts, load
 from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
 from model_runner.local.controls import AdmissionControls
+from model_runner.local.decoders import decoder_report
 from model_runner.local.forward import BatchForward
 from model_runner.local.invariant import Invariance, check_kernels
 from model_runner.local.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
@@ -53,6 +54,7 @@ class Engine(EngineBase, AdmissionControls):
         self.pool: PagedKVPool | None = None
         self._usage: dict[str, int] | None = None  # the pool's usage after the last step (read by any thread)
         self._forward: BatchForward | None = None
+        self._decoder: dict[str, Any] | None = None  # which decoder runs the steps, once the model is loaded
         self._post: Postprocess | None = None  # with the pool, once the model is loaded
         self._announce = Announcer(self.feed, config.feed_text)
         self._lock = threading.Lock()
@@ -246,10 +248,16 @@ class Engine(EngineBase, AdmissionControls):
                 self.invariance = check_kernels(self.loaded.model, rows)
                 if not self.invariance.claimed:
                     log.warning("batch-invariant mode: some kernels are not row-independent: %s", self.invariance)
-            self._forwards[invariant] = BatchForward(
-                self.loaded.model, self.pool, self.config.cuda_graphs, invariant_rows=rows
+            forward = BatchForward(
+                self.loaded.model, self.pool, self.config.cuda_graphs, invariant_rows=rows, decoder=self.config.decoder
             )
+            self._forwards[invariant] = forward
+            self._decoder = decoder_report(forward.decoder, self.loaded.model, self.config.decoder)
         return self._forwards[invariant]
+
+    def decoder(self) -> dict[str, Any] | None:
+        """Which decoder runs the steps and why (local/decoders.py); None until the model is loaded."""
+        return self._decoder
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and the pool, for health pages and observers that join late."""
@@ -263,6 +271,7 @@ class Engine(EngineBase, AdmissionControls):
                 "policy": self.scheduler.policy.to_dict(),
                 "kv": self._usage,  # the worker's copy: the pool is touched by the worker only
                 "decode": self._forward.report() if self._forward is not None else None,  # CUDA graphs
+                "decoder": self._decoder,  # native or transformers (local/decoders.py)
                 "batch_invariant": self.batch_invariance(),
             }
 

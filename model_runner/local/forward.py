@@ -1,7 +1,7 @@
-"""The batched forward: one model call for a ragged batch of (request, new tokens) rows over the
-paged KV pool, through transformers' paged attention (sdpa with a `cache=` argument: the model
-writes each row's new keys and values into its blocks and reads its past from them). Also the
-unbatched recompute forward of a request that runs without a KV cache."""
+"""The batched forward: one packed step (local/paged_step.py) for a ragged batch of (request, new tokens)
+rows over the paged KV pool, run by the engine's decoder (local/decoders.py: the native step or transformers'
+paged attention), which writes each row's new keys and values into its blocks and reads its past from them.
+Also the unbatched recompute forward of a request that runs without a KV cache."""
 
 from __future__ import annotations
 
@@ -12,23 +12,15 @@ from transformers.generation.continuous_batching.utils import build_attention_ma
 
 from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
 from model_runner.local import prompt_logprobs
-from model_runner.local.attention_inspect import IMPLEMENTATION, PROBE_KWARG, make_probe, register
+from model_runner.local.attention_inspect import make_probe
+from model_runner.local.decoders import decoder_for
 from model_runner.local.graphs import DecodeGraphs, graphs_wanted
 from model_runner.local.invariant import InvariantSteps
-from model_runner.local.kv_cache import FULL, PagedKVPool
+from model_runner.local.kv_cache import PagedKVPool
+from model_runner.local.paged_step import PagedStep
 from model_runner.local.scheduler import Work
 from model_runner.local.static_step import StaticDecodeStep, is_decode_batch
 from model_runner.shared.sequence import Sequence
-
-# Attentions that take the paged cache: kvscope's sdpa (transformers' sdpa unless a request is
-# inspected, core/attention_inspect.py) and transformers' paged eager.
-PAGED_ATTENTION = (IMPLEMENTATION, "paged|eager")
-
-
-def use_paged_attention(model) -> None:
-    """Make sure the model's attention can read and write the paged pool."""
-    if model.config._attn_implementation not in PAGED_ATTENTION:
-        model.set_attn_implementation(register())
 
 
 def on_kernels(rows: list[Work]) -> bool:
@@ -55,21 +47,24 @@ def _i64(values) -> torch.Tensor:
 
 
 class BatchForward:
-    def __init__(self, model, pool: PagedKVPool, cuda_graphs: str = "auto", invariant_rows: int = 0):
+    def __init__(
+        self, model, pool: PagedKVPool, cuda_graphs: str = "auto", invariant_rows: int = 0, decoder: str = "auto"
+    ):
         """cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
         "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step).
-        invariant_rows: batch-invariant mode (local/invariant.py) with decode rows padded to this many; no graphs."""
-        use_paged_attention(model)
+        invariant_rows: batch-invariant mode (local/invariant.py) with decode rows padded to this many; no graphs.
+        decoder: auto, native or transformers (local/decoders.py)."""
         self.model, self.pool = model, pool
+        self.decoder = decoder_for(model, pool, decoder)
         self.device = model.device
         self.masked = torch.finfo(model.dtype).min
         graphs = graphs_wanted(cuda_graphs, self.device) and not invariant_rows
         padded = graphs or cuda_graphs == "padded" or invariant_rows
-        self.static = StaticDecodeStep(model, pool) if padded else None
+        self.static = StaticDecodeStep(model, pool, decoder=self.decoder) if padded else None
         self.invariant = InvariantSteps(self, invariant_rows) if invariant_rows else None
         self.graphs = DecodeGraphs(self.static) if graphs else None
         self.static_steps = 0  # decode steps run padded (replayed or not)
-        self.can_inspect = model.config._attn_implementation == IMPLEMENTATION
+        self.can_inspect = self.decoder.inspects()
         self.inspected: dict[int, dict] = {}  # id(work) → its attention summary, until taken
         self.steer_logits = getattr(model, "steer_logits", None)  # the test model's script, looked up once
 
@@ -144,26 +139,25 @@ class BatchForward:
         mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
         build_attention_mask(mask, cu_q, keys)
         probe = make_probe([id(row) if self._inspects(row) else None for row in rows], cu_q, keys)
-        out = self.model(
-            input_ids=_i32(ids)[None].to(self.device),
-            position_ids=_i32(positions)[None].to(self.device),
-            attention_mask=mask.to(self.device),
-            cache=self.pool.cache,
-            cu_seq_lens_q=_i32(cu_q).to(self.device),
-            cu_seq_lens_k={FULL: _i32(keys).to(self.device)},
-            max_length_q=max_q,
-            max_length_k={FULL: max_k},
-            write_index=[_i64(write[0]).to(self.device)],
-            read_index=[_i64(read[0] if any_past else []).to(self.device)],
-            block_table=None,
-            use_cache=False,
-            is_causal=False,
-            logits_to_keep=_i64(logit_rows).to(self.device),
-            **({PROBE_KWARG: probe} if probe else {}),
-        )  # hidden states sliced before the LM head
+        device = self.device
+        logits = self.decoder.run(
+            PagedStep(
+                ids=_i32(ids).to(device),
+                positions=_i32(positions).to(device),
+                mask=mask.to(device),
+                cu_q=_i32(cu_q).to(device),
+                cu_k=_i32(keys).to(device),
+                max_q=max_q,
+                max_k=max_k,
+                write=_i64(write[0]).to(device),
+                read=_i64(read[0] if any_past else []).to(device),
+                keep=_i64(logit_rows).to(device),
+                probe=probe,
+                decode_rows=any_past and max_q == 1,
+            )
+        )  # [kept tokens, vocab]
         if probe:
             self.inspected.update(probe.summaries())
-        logits = out.logits[0]
         for row, first, end in spans:
             prompt_logprobs.record(row.seq, row.seq.cached, logits[first:end])
         for row in rows:

@@ -52,6 +52,11 @@ def row_by_row():
         _ROW_BY_ROW.reset(token)
 
 
+def row_by_row_active() -> bool:
+    """Whether the forward running now is one of the mode's (the native step reads it: local/native.py)."""
+    return _ROW_BY_ROW.get()
+
+
 def row_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
     """transformers' attention signature, over a packed batch of rows: each row's queries against its own
     keys only (sliced out of the packed keys, copied to a tensor of their own), so a row's softmax and its

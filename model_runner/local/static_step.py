@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.continuous_batching.utils import pad_to_pow2
 
+from model_runner.local.decoders import decoder_for
 from model_runner.local.kv_cache import FULL, PagedKVPool
+from model_runner.local.paged_step import Decoder, PagedStep
 from model_runner.local.scheduler import Work
 
 MAX_ROWS = 256  # the scheduler's largest batch (POLICY_LIMITS["max_num_seqs"])
@@ -52,8 +54,9 @@ class StaticDecodeStep:
     """The buffers and the forward of the padded decode step. `fill(rows)` writes a batch's inputs (one
     host-to-device copy) and returns its bucket; `run(bucket)` is the capturable part: the device work only."""
 
-    def __init__(self, model, pool: PagedKVPool, max_rows: int = MAX_ROWS):
-        self.model, self.pool = model, pool
+    def __init__(self, model, pool: PagedKVPool, max_rows: int = MAX_ROWS, decoder: Decoder | None = None):
+        decoder = decoder or decoder_for(model, pool)  # the engine's choice (local/decoders.py), made once
+        self.model, self.pool, self.decoder = model, pool, decoder
         self.device = model.device
         self.max_rows = pad_to_pow2(max_rows, max_rows)
         self.max_keys = pad_to_pow2(pool.total_blocks * pool.block_size + self.max_rows, 2**40, MIN_KEYS)
@@ -108,20 +111,17 @@ class StaticDecodeStep:
         Only device work, at the bucket's shapes: a CUDA graph may capture it."""
         rows, keys = bucket.rows, bucket.keys
         cu_keys = self._view("cu_keys", rows + 1)
-        out = self.model(
-            input_ids=self._view("ids", rows)[None],
-            position_ids=self._view("positions", rows)[None],
-            attention_mask=decode_mask(cu_keys, keys, self.model.dtype),
-            cache=self.pool.cache,
-            cu_seq_lens_q=self.rows_q[: rows + 1],
-            cu_seq_lens_k={FULL: cu_keys},
-            max_length_q=1,
-            max_length_k={FULL: keys},
-            write_index=[self._view("write", rows)],
-            read_index=[self._view("read", keys)],
-            block_table=None,
-            use_cache=False,
-            is_causal=False,
-            logits_to_keep=0,  # every row of the bucket wants its next token
+        return self.decoder.run(
+            PagedStep(
+                ids=self._view("ids", rows),
+                positions=self._view("positions", rows),
+                mask=decode_mask(cu_keys, keys, self.model.dtype),
+                cu_q=self.rows_q[: rows + 1],
+                cu_k=cu_keys,
+                max_q=1,
+                max_k=keys,
+                write=self._view("write", rows),
+                read=self._view("read", keys),
+                keep=0,  # every row of the bucket wants its next token
+            )
         )
-        return out.logits[0]

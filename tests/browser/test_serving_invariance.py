@@ -39,9 +39,10 @@ def fmt_ms(ms: float) -> str:
     return f"{fixed(ms, 1)} ms" if ms >= 10 else f"{fixed(ms, 2)} ms"
 
 
-def same_bits(run: dict) -> tuple[int, int]:
+def same_bits(run: dict) -> tuple[int, int, bool]:
     upto = [r["parts_at"] if r["parts_at"] is not None else r["compared_tokens"] for r in run["requests"]]
-    return sum(min(r["same_prob_tokens"], u) for r, u in zip(run["requests"], upto)), sum(upto)
+    exact = all(r["parts_at"] is None or r["same_prob_tokens"] == 0 for r in run["requests"])
+    return sum(min(r["same_prob_tokens"], u) for r, u in zip(run["requests"], upto)), sum(upto), exact
 
 
 def default_sentence(result: dict) -> str:
@@ -54,48 +55,63 @@ def default_sentence(result: dict) -> str:
     )
     p = run["first_parting"]
     if p and p["alone"]["logit_gap"] is not None and p["batched"]["logit_gap"] is not None:
-        a, b = abs(p["alone"]["logit_gap"]), abs(p["batched"]["logit_gap"])
-        tail = ": a near-tie, tipped by rounding." if max(a, b) < NEAR_TIE else "."
+        a, b = p["alone"]["logit_gap"], p["batched"]["logit_gap"]
+        way = " the other way" if math.copysign(1, a) != math.copysign(1, b) else ""
+        tail = (
+            f": a near-tie (under {NEAR_TIE} logits), tipped by a changed sum."
+            if max(abs(a), abs(b)) < NEAR_TIE
+            else "."
+        )
         text += (
-            f". Request {p['request']} parted at token {p['index'] + 1}, where its two candidates were {fixed(a, 4)} "
-            f"apart in logits alone and {fixed(b, 4)} apart the other way in the batch{tail}"
+            f". Request {p['request']} parted at token {p['index'] + 1}, where its two candidates were "
+            f"{fixed(abs(a), 4)} apart in logits alone and {fixed(abs(b), 4)} apart{way} in the batch{tail}"
         )
     else:
         text += "."
-    kept, compared = same_bits(run)
-    if compared:
-        changed = compared - kept
-        text += f" Before any parting, {changed:,} of {compared:,} tokens " + (
-            "were chosen with a probability that differed in its last bits: the sums changed even where the choice held."
+    kept, compared, exact = same_bits(run)
+    changed = compared - kept
+    if compared and (changed or exact):
+        parted = any(r["parts_at"] is not None for r in run["requests"])
+        text += " Counting each answer up to where it parted, if it did, " if parted else " Over the whole answers, "
+        text += (
+            f"{'' if exact else 'at least '}{changed:,} of {compared:,} tokens were chosen with a probability that "
+            "was not the same float as alone: the sums changed even where the choice held."
             if changed
-            else "had a probability that differed in any bit."
+            else f"all {compared:,} tokens were chosen with the same probability, to the last bit, as alone."
         )
     return text
 
 
-def mode_sentence(result: dict, machine: dict) -> str:
-    """invariance-math.js modeClaim, worked out from the data and the machine's load."""
+def mode_sentence(result: dict, machine: dict, recorded_on: dict | None) -> str:
+    """invariance-math.js modeClaim, worked out from the data and the load it ran at (start and end for a
+    recording, the answer's own for a live run)."""
     run, base = result["runs"]["invariant"], result["runs"]["default"]
     same = sum(r["same_answer"] for r in run["requests"])
     text = f"With the mode on, {same} of {len(run['requests'])} answers were the lone ones"
-    kept, compared = same_bits(run)
-    if compared:
+    kept, compared, exact = same_bits(run)
+    if compared and exact:
         text += (
             ", every token's probability the same to the last bit"
             if kept == compared
             else ", though not every token's probability was the same to the last bit"
         )
     a, b = base["step_ms_median"], run["step_ms_median"]
+    ratios = [b["alone"] / a["alone"], b["batched"] / a["batched"]]
     text += (
-        f". Its steps took ×{fixed(b['alone'] / a['alone'], 2)} the default's for a lone request "
-        f"({fmt_ms(a['alone'])} to {fmt_ms(b['alone'])}) and ×{fixed(b['batched'] / a['batched'], 2)} in the batch "
+        f". Its median step took ×{fixed(ratios[0], 2)} the default's for a lone request "
+        f"({fmt_ms(a['alone'])} to {fmt_ms(b['alone'])}) and ×{fixed(ratios[1], 2)} in the batch "
         f"({fmt_ms(a['batched'])} to {fmt_ms(b['batched'])})"
     )
-    if machine["load_1m"] > machine["threads"]:
+    loads = [recorded_on["load_1m"], recorded_on["load_1m_end"]] if recorded_on else [machine["load_1m"]]
+    if max(loads) > machine["threads"]:
         return text + (
-            f", but at a load of {fixed(machine['load_1m'], 2)} on {machine['threads']} threads these times are mostly "
-            "the other processes' share of the machine, not the mode's cost."
+            f", but at a load of {' → '.join(fixed(x, 2) for x in loads)} on {machine['threads']} threads these "
+            "times are mostly the other processes' share of the machine, not the mode's cost."
         )
+    if all(r > 1 for r in ratios):
+        return text + ": the padding rows, the row-by-row attention and the separate prompt passes cost time."
+    if all(r < 1 for r in ratios):
+        return text + "; the mode was not slower in this run."
     return text + "."
 
 
@@ -109,10 +125,16 @@ def open_section(page, server, viewport, recording: str | None):
     return section
 
 
-def check_drawn(page, response: dict) -> None:
+def check_drawn(page, response: dict, recorded_on: dict | None = None) -> None:
     section, result = page.locator(SECTION), response["result"]
     expect(section.locator('[data-claim="invariance-default"]')).to_have_text(default_sentence(result))
-    expect(section.locator('[data-claim="invariance-mode"]')).to_have_text(mode_sentence(result, response["machine"]))
+    expect(section.locator('[data-claim="invariance-mode"]')).to_have_text(
+        mode_sentence(result, response["machine"], recorded_on)
+    )
+    loads = [recorded_on["load_1m"], recorded_on["load_1m_end"]] if recorded_on else [response["machine"]["load_1m"]]
+    expect(section.locator(".sv-inv-source")).to_contain_text(
+        f"{result['requests']} questions of {result['new_tokens']} tokens, load {' → '.join(fixed(x, 2) for x in loads)}"
+    )
     for name in ("default", "invariant"):
         run = result["runs"][name]
         col = section.locator(f'.sv-col[data-run="{name}"]')
@@ -129,7 +151,7 @@ def test_the_section_draws_the_shipped_recording_with_its_sentences(page, fake_s
     assert check_response("batch_invariance", recording["experiment"]) == []
     open_section(page, fake_server, viewport, recording=RECORDING_PATH.read_text())
     expect(page.locator(f"{SECTION} .sv-inv-source")).to_contain_text(recording["recorded_on"]["machine"])
-    check_drawn(page, recording["experiment"])
+    check_drawn(page, recording["experiment"], recording["recorded_on"])
     gap = recording["experiment"]["result"]["runs"]["default"]["first_parting"]
     if gap:  # the logit gap shown is ln of the two probabilities' ratio
         p = gap["alone"]["probs"]

@@ -411,3 +411,182 @@ def test_the_prefix_claim_speaks_of_time_to_first_token_not_prefill_time(js):
       return ({TEXT})(claims.prefixClaim(r));"""
     )
     assert "time to first token is not proportional" in got and "prefill's time" not in got
+
+
+# ---- shared/route.js and shared/roofline.js: which kernel ran a prompt, from the run's own facts
+
+
+def test_only_a_run_with_float32_copies_runs_its_prompt_on_the_float32_gemm(js):
+    got = js("""
+      const k = (...a) => route.kernelsOf(...a);
+      return [k('int4', 36, true), k('int4', 36, false), k('int8', 36, false), k('int8', 36, null),
+              k('int4', 10, true), k('bfloat16', 36, false), k('int4', 36, undefined),
+              route.floatPrefillOf({ cost_shape: { float_prefill: true } }), route.floatPrefillOf({ float_prefill: false }),
+              route.floatPrefillOf({ route: 'int4' }), route.floatPrefillOf(null), route.floatPrefillOf(T.model)];""")
+    assert got == [
+        {"prompt": "float32 GEMM", "decode": "int4 kernel"},
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,  # int8 and int4 without copies run both on their own kernel
+        True,
+        False,
+        None,
+        None,
+        TRACE["model"]["cost_shape"]["float_prefill"],
+    ]
+
+
+def test_an_int8_run_is_not_said_to_compare_two_kernels(js):
+    got = js("""
+      const S = await (await fetch('/static/data/serving-trace.json')).json();
+      const int8 = structuredClone(T);
+      int8.recorded_on.route.dtype_route = 'int8';
+      int8.model.dtype_route = 'int8';
+      int8.model.cost_shape = { ...int8.model.cost_shape, route: 'int8', float_prefill: false };
+      return [context.ratioSentence(trace.deriveRun(T), S).oursDetail,
+              context.ratioSentence(trace.deriveRun(int8), S).oursDetail];""")
+    shipped, int8 = got
+    assert ("the prompt ran on the float32 GEMM, each new token on the int4 kernel" in shipped) == bool(
+        TRACE["model"]["cost_shape"]["float_prefill"]
+    )
+    assert "float32 GEMM" not in int8 and "two kernels" not in int8
+
+
+def test_the_roof_kernel_is_the_one_the_recording_names(js):
+    got = js("""
+      return [roofline.roofKernel({ peak_kernel: "bfloat16 GEMM on this model's layers, the best of 64 rows" }),
+              roofline.roofKernel({ peak_kernel: "int8 kernel on this model's layers, the best of 64 rows" }),
+              roofline.roofKernel({ points: [{ phase: 'prefill', kernel: 'int8 kernel' }] }),
+              roofline.roofKernel({ points: [] }), roofline.roofKernel(null)];""")
+    assert got == ["bfloat16 GEMM", "int8 kernel", "int8 kernel", None, None]
+
+
+def test_the_walkthrough_tags_kernel_names_as_settings(js):
+    got = js("""
+      const S = await (await fetch('/static/data/serving-trace.json')).json();
+      const { facts } = context.contextFacts(trace.deriveRun(T), S);
+      return ['roof-peak-kernel', 'prefill-kernel', 'decode-kernel'].map((k) => facts[k][1]);""")
+    assert got == ["setting"] * 3
+
+
+def test_the_cache_readout_tags_the_reserved_bytes_computed(js):
+    got = js("""
+      const run = trace.deriveRun(T);
+      const state = stages.figureState(stages.stageIndex('cache'), run);
+      return stages.readout(state, run).map((l) => [l.text, l.tag]);""")
+    assert [tag for text, tag in got if text.endswith("reserved")] == ["computed"]
+    assert [tag for text, tag in got if "positions cached in" in text] == ["measured"]
+
+
+def test_a_batch_that_lowered_the_tokens_for_everyone_is_said_to_have_fallen(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const pt = (batch, aggregate_tps) => ({{ batch, step_ms: batch, aggregate_tps, per_user_tps: aggregate_tps / batch }});
+      const w = (aggs) => claims.whyBatchClaim({{ points: aggs.map((a, i) => pt(2 ** i, a)) }});
+      const prov = (c, text) => c.parts.filter((p) => typeof p !== 'string' && p[0] === text).map((p) => p[1]);
+      const fell = w([100, 200, 180]);
+      const both = w([100, 200, 202, 190]);
+      return [({TEXT})(fell), ({TEXT})(both), prov(both, '5 %')];"""
+    )
+    fell, both, threshold = got
+    assert "fell at batch 4 (−10 % from the batch before)" in fell and "did not rise" not in fell
+    assert "did not rise by more than 5 % at batch 4 and fell at batch 8 (−6 % from the batch before)" in both
+    assert threshold == ["setting"]  # a threshold the authors chose, not a finding
+
+
+def test_the_prefix_claim_says_how_large_the_time_cut_was_against_the_work_cut(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const q = (request, prefill_tokens, cached_tokens, ttft_ms) => ({{ request, prefill_tokens, cached_tokens, ttft_ms }});
+      const say = (ttftOn) => {{
+        const c = claims.prefixClaim({{ runs: {{ off: {{ requests: [q('a', 100, 0, 200)] }},
+          on: {{ requests: [q('a', 20, 80, ttftOn)] }} }} }});
+        return [({TEXT})(c), c.proportional, Math.round(c.inStep * 100)];
+      }};
+      return [say(40), say(120), say(184), claims.IN_STEP, claims.PART_OF];"""
+    )
+    (in_step, yes, a), (half, no, b), (far, no2, c), in_step_at, part_of = got
+    # work cut 80 %; time cut 80 %, 40 %, 8 %: all, half and a tenth of it
+    assert (a, b, c) == (100, 50, 10) and yes and not no and not no2
+    assert "roughly in step with the work skipped, a cut 100 % the size of the tokens' (at least 80 %)" in in_step
+    assert "fell by less than the tokens prefilled, a cut 50 % the size of theirs" in half
+    assert "roughly in step" not in half and "not proportional" not in half
+    assert "not proportional" in far and "under 30 %" in far
+    assert (in_step_at, part_of) == (0.8, 0.3)
+
+
+RECORDINGS = [ROOT / "static/data/serving-trace.json", ROOT / "tests/data/serving-fixture.json"]
+
+
+def expected_branches(experiments: dict) -> dict:
+    """The words each claim must choose on a recording, worked out here from its figures by the stated rules."""
+    wb = [p for p in experiments["why_batch"]["result"]["points"] if p.get("step_ms") is not None]
+    paid = [i for i in range(1, len(wb)) if wb[i]["aggregate_tps"] > wb[i - 1]["aggregate_tps"] * 1.05]
+    stopped = wb[(paid[-1] if paid else 0) + 1 :]
+    fell = [p["batch"] for p in stopped if p["aggregate_tps"] < wb[wb.index(p) - 1]["aggregate_tps"]]
+    runs = experiments["prefix_caching"]["result"]["runs"]
+    off = {q.get("request"): q for q in runs["off"]["requests"]}  # by name, as claims.js pairs them
+    hits = [q for q in runs["on"]["requests"] if q["cached_tokens"] > 0 and q.get("request") in off]
+    work = 1 - sum(q["prefill_tokens"] for q in hits) / sum(off[q.get("request")]["prefill_tokens"] for q in hits)
+    time = 1 - sum(q["ttft_ms"] for q in hits) / sum(off[q.get("request")]["ttft_ms"] for q in hits)
+    points = experiments["why_batch"]["result"].get("roofline", {}).get("points", [])
+    prefill = next((p for p in points if p["phase"] == "prefill"), None)
+    right = sorted(
+        p["batch"] for p in points if p["phase"] == "decode" and prefill and p["intensity"] > prefill["intensity"]
+    )
+    return {
+        "stopped": [p["batch"] for p in stopped],
+        "fell": fell,
+        "prefix": "in step" if time / work >= 0.8 else "by less" if time / work >= 0.3 else "far less",
+        "right_of_prefill": right if prefill else None,
+    }
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_the_claims_choose_their_words_by_their_thresholds_on_every_recording(js, path):
+    experiments = json.loads(path.read_text(encoding="utf-8"))["experiments"]
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const text = {TEXT};
+      const wb = claims.whyBatchClaim(arg.why_batch.result);
+      const pf = claims.prefixClaim(arg.prefix_caching.result);
+      const side = claims.roofPrefillClaim(arg.why_batch.result);
+      return {{ stopped: wb.stoppedAt, why: text(wb), prefix: text(pf), side: side && side.rightOf,
+               sideText: side && text(side) }};""",
+        experiments,
+    )
+    want = expected_branches(experiments)
+    assert got["stopped"] == want["stopped"]
+    assert (" fell at batch " in got["why"]) == bool(want["fell"])
+    assert ("did not rise by more than" in got["why"]) == bool(set(want["stopped"]) - set(want["fell"]))
+    words = {"in step": "roughly in step", "by less": "fell by less than the tokens", "far less": "not proportional"}
+    assert [k for k, w in words.items() if w in got["prefix"]] == [want["prefix"]]
+    assert got["side"] == want["right_of_prefill"]
+    if want["right_of_prefill"]:
+        assert "left of the decode point" in got["sideText"]
+    elif want["right_of_prefill"] == []:
+        assert "right of every decode point" in got["sideText"]
+
+
+def test_a_prefill_right_of_every_decode_point_is_said_to_be(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const pt = (phase, batch, intensity, kernel) => ({{ phase, batch, tokens: 64, intensity, flops_s: 1e9, step_ms: 10, kernel }});
+      const claim = (points) => claims.roofPrefillClaim({{ roofline: {{ points }} }});
+      const right = claim([pt('prefill', undefined, 50, 'float32 GEMM'), pt('decode', 1, 2, 'int4 kernel'),
+                           pt('decode', 16, 30, 'int4 kernel')]);
+      const left = claim([pt('prefill', undefined, 10, 'int8 kernel'), pt('decode', 1, 2, 'int8 kernel'),
+                          pt('decode', 8, 12, 'int8 kernel'), pt('decode', 16, 20, 'int8 kernel')]);
+      return [({TEXT})(right), right.rightOf, ({TEXT})(left), left.rightOf];"""
+    )
+    right, none, left, batches = got
+    assert "right of every decode point (the farthest right, batch 16, at 30.0 FLOP/B)" in right and none == []
+    assert "left of the decode points at batch 8 and 16 (12.0 and 20.0 FLOP/B)." in left and batches == [8, 16]
+    assert "float32" not in left  # an int8 prompt ran on the int8 kernel: no bytes-a-weight reason is given

@@ -48,11 +48,12 @@ def short_run(server, rid: str) -> dict:
 def test_08_closing_mid_stream_stops_the_worker_within_one_step_and_the_next_ttft_is_normal(
     slow_server, engine_factory, monkeypatch, figures
 ):
-    # In process: count the model's forward passes that start after the cancel.
+    # In process: count the model's steps that start after the cancel (whichever decoder runs them).
     engine = engine_factory("fake:delay=5")
     calls = []
-    forward = engine.loaded.model.forward
-    monkeypatch.setattr(engine.loaded.model, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    decoder = engine._forward.decoder
+    run = decoder.run
+    monkeypatch.setattr(decoder, "run", lambda step: calls.append(1) or run(step))
     handle = engine.submit(parse_generate(generate_frame(None, max_new_tokens=400)), "inproc")
     seen = 0
     while seen < 5:

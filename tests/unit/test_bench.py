@@ -104,15 +104,15 @@ def test_prompt_below_the_template_is_the_shortest_one(fake_engine):
 def slow_engine(engine_factory, monkeypatch):
     """20 ms per model step; a prompt containing 'boom' makes the model's forward raise."""
     engine = engine_factory("fake:delay=20")
-    model = engine.loaded.model
-    forward = model.forward
+    decoder = engine._forward.decoder  # the model's step, whichever decoder runs it
+    run = decoder.run
 
-    def failing_forward(input_ids, past_key_values=None, **kwargs):
-        if b"boom" in bytes(i for i in input_ids[0].tolist() if i < 256):
+    def failing_run(step):
+        if b"boom" in bytes(i for i in step.ids.tolist() if i < 256):
             raise RuntimeError("injected failure")
-        return forward(input_ids, past_key_values=past_key_values, **kwargs)
+        return run(step)
 
-    monkeypatch.setattr(model, "forward", failing_forward)
+    monkeypatch.setattr(decoder, "run", failing_run)
     return engine
 
 

@@ -257,17 +257,17 @@ def test_timeout_is_a_finish_reason(slow_engine):
 
 
 def test_exception_in_a_model_step_fails_that_request_and_the_worker_lives(slow_engine, monkeypatch):
-    model = slow_engine.loaded.model
-    real_forward = model.forward
+    decoder = slow_engine._forward.decoder  # the model's step, whichever decoder runs it
+    real_run = decoder.run
     calls = {"n": 0}
 
-    def flaky(*args, **kwargs):
+    def flaky(step):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected fault")
-        return real_forward(*args, **kwargs)
+        return real_run(step)
 
-    monkeypatch.setattr(model, "forward", flaky)
+    monkeypatch.setattr(decoder, "run", flaky)
     failed = [e.to_dict() for e in slow_engine.submit(gen(max_new_tokens=10), "boom")]
     assert failed[-1]["type"] == "error" and failed[-1]["code"] == "internal"
     assert "injected fault" in failed[-1]["message"]

@@ -73,6 +73,8 @@ def test_each_experiment_answers_the_contract_shape(fake_app, name, monkeypatch)
     assert response.status_code == 200, response.json
     assert check_response(name, response.json) == []
     assert response.json["machine"]["route"] == engine.facts.dtype_route  # the route every time in it ran on
+    # whether prompts ran on float32 copies: the page names the prefill's kernel from it (shared/route.js kernelsOf)
+    assert response.json["machine"]["float_prefill"] is bool((engine.facts.cost_shape or {}).get("float_prefill"))
     assert response.json["params"] == {**{k: p.default for k, p in EXPERIMENTS[name].params.items()}, **SMALL[name]}
     assert engine.policy == before  # whatever it set for its run is undone
     assert engine.active == 0

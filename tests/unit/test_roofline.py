@@ -1,5 +1,5 @@
 """serving_experiments.roofline: each step judged against the kernels that ran it (float32 GEMM for a prompt
-of FLOAT_ROWS rows or more, the int4 kernel and the head's int8 pass at a decode batch's rows), the verdict
+of FLOAT_ROWS rows or more where the route keeps float32 copies, else the route's own kernel; the int4 kernel and the head's int8 pass at a decode batch's rows), the verdict
 from the larger of its two floors (its kernels alone, its bytes at the copy bandwidth), and the kernels
 timed as the model calls them."""
 
@@ -57,10 +57,65 @@ def test_each_step_is_judged_against_the_kernels_that_ran_it(int4, fake_kernels)
 
 
 def test_a_short_prompt_runs_on_the_int4_kernel_like_a_decode():
-    assert rl.kernel_name("int4", cost.FLOAT_ROWS - 1, decode=False) == "int4 kernel"
-    assert rl.kernel_name("int4", cost.FLOAT_ROWS, decode=False) == "float32 GEMM"
-    assert rl.kernel_name("int4", 64, decode=True) == "int4 kernel"
-    assert rl.kernel_name("float32", 1, decode=True) == "float32 GEMM"
+    assert rl.kernel_name("int4", cost.FLOAT_ROWS - 1, False, float_prefill=True) == "int4 kernel"
+    assert rl.kernel_name("int4", cost.FLOAT_ROWS, False, float_prefill=True) == "float32 GEMM"
+    assert rl.kernel_name("int4", 64, True, float_prefill=True) == "int4 kernel"
+    assert rl.kernel_name("float32", 1, True, float_prefill=False) == "float32 GEMM"
+
+
+@pytest.mark.parametrize("route", ["int8", "int4"])
+def test_a_route_without_float_copies_runs_a_long_prompt_on_its_own_kernel(route):
+    # Int8Linear has no float path, and Int4Linear runs one only with keep_float (the route's float_prefill)
+    assert rl.kernel_name(route, 1024, False, float_prefill=False) == f"{route} kernel"
+    text = rl.kernels_text(route, 64, False, float_prefill=False)
+    assert text == f"the {route} kernel at 64 rows and the head's int8 pass at 1 row"
+    assert "float32" not in rl.route_rule(route, float_prefill=False).split("(")[0]
+
+
+def _no_float_copies(loaded):
+    """The loaded model's cost shape as if its route kept no float32 copies for prompts (int4 under a CPU
+    capability where float_prefill_for is false)."""
+    import dataclasses
+
+    return dataclasses.replace(shape_of(loaded), float_prefill=False)
+
+
+def test_the_int8_route_names_its_own_kernel_for_every_step(fake_kernels):
+    int8 = loader.load("fake", "cpu", "int8")
+    assert not shape_of(int8).float_prefill
+    result = rl.roofline(int8, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 4.0}])
+    assert [p["kernel"] for p in result["points"]] == ["int8 kernel", "int8 kernel"]
+    assert result["peak_kernel"].startswith("int8 kernel on this model's layers")
+    assert "float32" not in result["peak_kernel"] + " ".join(p["kernels"] for p in result["points"])
+    assert rl.route_rule("int8", False) in result["basis"]
+
+
+def test_int4_without_float_copies_names_the_int4_kernel_for_a_prompt(int4, fake_kernels, monkeypatch):
+    monkeypatch.setattr(rl, "shape_of", _no_float_copies)
+    result = rl.roofline(int4, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 4.0}])
+    assert result["points"][0]["kernel"] == "int4 kernel"
+    assert result["peak_kernel"].startswith("int4 kernel")
+
+
+@pytest.mark.parametrize("route", ["int4", "int8", "float32"])
+def test_the_basis_fills_in_every_placeholder(route, fake_kernels):
+    loaded = loader.load("fake", "cpu", route)
+    shape = shape_of(loaded)
+    result = rl.roofline(loaded, {"tokens": 40, "ms": 2.0}, [{"batch": 4, "context": 41.5, "ms": 4.0}])
+    assert "{" not in result["basis"] and "}" not in result["basis"]
+    assert rl.route_rule(shape.route, shape.float_prefill) in result["basis"]
+
+
+def test_the_recorded_basis_is_what_the_code_writes_for_its_route():
+    import json
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[2] / "static/data/serving-trace.json"
+    roof = json.loads(trace.read_text(encoding="utf-8"))["experiments"]["why_batch"]["result"]["roofline"]
+    assert "{" not in roof["basis"]
+    prefill = next(p for p in roof["points"] if p["phase"] == "prefill")
+    float_prefill = prefill["kernel"] == "float32 GEMM"  # the recording ran int4 with float32 copies for prompts
+    assert rl.route_rule(roof["route"], float_prefill) in roof["basis"]
 
 
 @pytest.mark.parametrize(

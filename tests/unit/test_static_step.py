@@ -51,11 +51,11 @@ def test_the_device_mask_is_build_attention_masks_for_decode_rows_and_padding_se
     assert (padded[..., 3, :] == torch.finfo(torch.float32).min).all()  # the padding row sees no key
 
 
-def decode_run(loaded, mode: str, steps: int = DECODES):
+def decode_run(loaded, mode: str, steps: int = DECODES, decoder: str = "auto"):
     """Three requests prefilled, then `steps` decode steps together → (logits per step, forward, pool); the
     pool's `requests` are the three sequences."""
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=256)
-    forward = BatchForward(loaded.model, pool, cuda_graphs=mode)
+    forward = BatchForward(loaded.model, pool, cuda_graphs=mode, decoder=decoder)
     seqs = [
         Sequence(id=f"s{i}", params=ask("hi"), key=f"s{i}", prompt_ids=list(range(3, 3 + n)))
         for i, n in enumerate(PROMPTS)
@@ -86,12 +86,17 @@ def data_rows(pool: PagedKVPool) -> torch.Tensor:
 
 
 def test_at_the_batchs_own_shapes_the_static_step_is_the_eager_step_bit_for_bit(loaded, monkeypatch):
-    eager, _, eager_pool = decode_run(loaded, "off")
+    # transformers' eager decode runs the packed batch, as the static step does (the native step's static step
+    # is transformers' bit for bit: tests/unit/test_native_decoder.py; its eager decode attends row by row).
+    eager, _, eager_pool = decode_run(loaded, "off", decoder="transformers")
     monkeypatch.setattr(static_step, "bucket_for", lambda rows, keys, *_: Bucket(rows, keys))
-    exact, forward, pool = decode_run(loaded, "padded")
+    exact, forward, pool = decode_run(loaded, "padded", decoder="transformers")
     assert forward.report() == {"mode": "padded", "static_steps": DECODES}
     assert torch.equal(exact, eager) and torch.equal(data_rows(pool), data_rows(eager_pool))
     assert pool.writes.failed == 0 and pool.writes.checked == eager_pool.writes.checked
+    native, _, native_pool = decode_run(loaded, "off", decoder="native")  # row by row: within float32's rounding
+    assert_within_rounding(native.flatten(0, 1), eager.flatten(0, 1))
+    assert native_pool.writes.failed == 0 and native_pool.writes.checked == eager_pool.writes.checked
 
 
 # ---- neighbour independence: at one shape, bit for bit ------------------------------------------------

@@ -18,6 +18,8 @@ export function runWords(source, article = 'the') {
 }
 
 const times = (x) => `×${formatFixed(x, 1)}`;
+// "8", "8 and 16", "4, 8 and 16"
+const andList = (xs) => (xs.length < 2 ? xs.join('') : `${xs.slice(0, -1).join(', ')} and ${xs[xs.length - 1]}`);
 const sum = (xs) => xs.reduce((a, b) => a + b, 0);
 // Runs of the same workload differ by this much or less and it is called "about the same".
 export const SAME_WITHIN = 0.05;
@@ -48,8 +50,21 @@ export function whyBatchClaim(result, source = 'recorded') {
     ' and each user\'s own stream fell to ', [`${formatFixed((z.per_user_tps / a.per_user_tps) * 100, 0)} %`, 'computed'],
     ' of its batch-1 rate'];
   if (stopped.length) {
-    parts.push('; the tokens for everyone did not rise by more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'computed'],
-      ' at batch ', [stopped.map(formatInt).join(', '), 'setting'], ', where a bigger batch stopped paying.');
+    // "fell" where the tokens for everyone went down from the batch before; "did not rise by more than" elsewhere
+    const at = (p) => pts[pts.indexOf(p) - 1];
+    const fell = pts.filter((p) => stopped.includes(p.batch) && p.aggregate_tps < at(p).aggregate_tps);
+    const flat = pts.filter((p) => stopped.includes(p.batch) && !fell.includes(p));
+    const batches = (list) => [andList(list.map((p) => formatInt(p.batch))), 'setting'];
+    const said = [];
+    if (flat.length) {
+      said.push('did not rise by more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], ' at batch ', batches(flat));
+    }
+    if (fell.length) {
+      if (flat.length) said.push(' and ');
+      said.push('fell at batch ', batches(fell), ' (', [andList(fell.map((p) => change(p.aggregate_tps, at(p).aggregate_tps))),
+        'computed'], ' from the batch before)');
+    }
+    parts.push('; the tokens for everyone ', ...said, ', where a bigger batch stopped paying.');
   } else {
     parts.push('; every step up in batch still paid here.');
   }
@@ -79,6 +94,39 @@ export function roofBatchClaim(result, source = 'recorded') {
   });
   parts.push('.');
   return { id: 'roof-batch', heldBy: ends.map((p) => p.held_by), parts };
+}
+
+// Where the recorded prefill sits against the decode points, and why: the bytes a step moves are its FLOPs
+// over its intensity (FLOPs = its rate times its measured time), so a prompt run on float32 copies, four bytes
+// a weight, moves far more than a decode step on packed int4 weights and its intensity stays lower.
+const movedBytes = (p) => (p.flops_s * p.step_ms) / 1000 / p.intensity;
+
+export function roofPrefillClaim(result, source = 'recorded') {
+  const pts = ((result && result.roofline && result.roofline.points) || [])
+    .filter((p) => [p.intensity, p.flops_s, p.step_ms].every(Number.isFinite));
+  const prefill = pts.find((p) => p.phase === 'prefill');
+  const decodes = pts.filter((p) => p.phase === 'decode').sort((a, b) => a.batch - b.batch);
+  if (!prefill || !decodes.length) return null;
+  const right = decodes.filter((p) => p.intensity > prefill.intensity);
+  const first = decodes[0];
+  const parts = [`${runWords(source)}, the `, [formatInt(prefill.tokens), 'setting'], '-token prefill sits at ',
+    [`${formatFixed(prefill.intensity, 1)} FLOP/B`, 'computed']];
+  if (!right.length) {
+    const farthest = decodes.reduce((a, b) => (b.intensity > a.intensity ? b : a));
+    parts.push(', right of every decode point (the farthest right, batch ', [formatInt(farthest.batch), 'setting'], ', at ',
+      [`${formatFixed(farthest.intensity, 1)} FLOP/B`, 'computed'], ').');
+    return { id: 'roof-prefill-side', rightOf: [], parts };
+  }
+  parts.push(', left of the decode point', right.length > 1 ? 's' : '', ' at batch ',
+    [andList(right.map((p) => formatInt(p.batch))), 'setting'], ' (',
+    [`${andList(right.map((p) => formatFixed(p.intensity, 1)))} FLOP/B`, 'computed'], ')');
+  // the reason in bytes, said only where the recording's own kernels show the prompt ran on float32 copies
+  if (prefill.kernel === 'float32 GEMM' && first.kernel && first.kernel !== prefill.kernel) {
+    parts.push(': its layers ran on the float32 weights, four bytes a weight, and it moved ', [formatSize(movedBytes(prefill)), 'computed'],
+      ', while a batch-', [formatInt(first.batch), 'setting'], ' decode step on the ', first.kernel, ' moved ',
+      [formatSize(movedBytes(first)), 'computed'], '.');
+  } else parts.push('.');
+  return { id: 'roof-prefill-side', rightOf: right.map((p) => p.batch), parts };
 }
 
 // ---- chunked prefill: who pays for the cure -----------------------------------------------------------
@@ -114,12 +162,17 @@ export function chunkedClaim(result) {
   } else if (longPaid) {
     parts.push(': the price fell on the long prompt, not on the decoders.');
   } else {
-    parts.push(': in this run neither paid more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'computed'], '.');
+    parts.push(': in this run neither paid more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], '.');
   }
   return { id: 'chunked-price', decodersPaid, longPaid, parts };
 }
 
 // ---- prefix caching: what the skipped prefill bought ----------------------------------------------------
+
+// The time to first token fell "roughly in step with the work skipped" when its cut was at least IN_STEP of
+// the tokens prefilled's cut; "by less than" down to PART_OF; below, "far less", not proportional.
+export const IN_STEP = 0.8;
+export const PART_OF = 0.3;
 
 export function prefixClaim(result) {
   const off = result && result.runs && result.runs.off && result.runs.off.requests;
@@ -137,20 +190,31 @@ export function prefixClaim(result) {
   const ttftOn = mean(hits, (q) => q.ttft_ms);
   const workCut = 1 - prefilledOn / prefilledOff;
   const timeCut = 1 - ttftOn / ttftOff;
-  const proportional = timeCut >= workCut / 2;
+  if (!(workCut > 0)) return null; // nothing skipped: no cut to set the time's beside
+  const inStep = timeCut / workCut;
+  const proportional = inStep >= IN_STEP;
   const parts = ['Here the requests that found the prefix cached prefilled ', [formatFixed(prefilledOn, 0), 'computed'],
     ' tokens on average instead of ', [formatFixed(prefilledOff, 0), 'computed'], ' (', [change(prefilledOn, prefilledOff), 'computed'],
     '), and their time to first token went from ', [formatMs(ttftOff), 'computed'], ' to ', [formatMs(ttftOn), 'computed'],
     ' (', [change(ttftOn, ttftOff), 'computed'], ')'];
-  parts.push(proportional ? ': roughly in step with the work skipped.'
-    : ': time to first token fell far less than the tokens prefilled, so in this run the time to first token is not '
-      + 'proportional to the tokens prefilled.');
+  const cutSize = [`${formatFixed(inStep * 100, 0)} %`, 'computed'];
+  if (proportional) {
+    parts.push(': roughly in step with the work skipped, a cut ', cutSize, ' the size of the tokens\' (at least ',
+      [`${formatFixed(IN_STEP * 100, 0)} %`, 'setting'], ').');
+  } else if (inStep >= PART_OF) {
+    parts.push(': it fell by less than the tokens prefilled, a cut ', cutSize, ' the size of theirs: part of the time '
+      + 'to first token does not shrink with the tokens prefilled.');
+  } else {
+    parts.push(': time to first token fell far less than the tokens prefilled (a cut ', cutSize, ' the size of '
+      + 'theirs, under ', [`${formatFixed(PART_OF * 100, 0)} %`, 'setting'], '), so in this run the time to first token '
+      + 'is not proportional to the tokens prefilled.');
+  }
   if (misses.length) {
     const q = misses[0];
     parts.push(' The request that found nothing cached moved by ', [change(q.ttft_ms, before[q.request].ttft_ms), 'computed'],
       ' between the two runs: the scatter of one run against the other.');
   }
-  return { id: 'prefix-ttft', proportional, parts };
+  return { id: 'prefix-ttft', proportional, inStep, parts };
 }
 
 // ---- paged blocks: did paging save memory in this run? -------------------------------------------------------
@@ -182,5 +246,5 @@ export function speculativeClaim(result, source = 'recorded') {
 
 // ---- every claim of the chapter, by the experiment it reads ----------------------------------------------
 
-export const CLAIMS = { why_batch: [whyBatchClaim, roofBatchClaim], chunked_prefill: [chunkedClaim], prefix_caching: [prefixClaim],
+export const CLAIMS = { why_batch: [whyBatchClaim, roofBatchClaim, roofPrefillClaim], chunked_prefill: [chunkedClaim], prefix_caching: [prefixClaim],
   speculative: [speculativeClaim], paged_blocks: [pagedClaim] };

@@ -4,9 +4,9 @@
 // route and batch-invariant mode: which batched answers were the lone ones, the first parting's two candidates
 // and their logit gap, and the step times. mount(el) → { destroy() }; every number goes in through textContent.
 import { html } from '../shared/dom.js';
-import { formatFixed, formatInt, formatMs } from '../shared/format.js';
+import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { runExperiment, listExperiments } from './data.js';
-import { CLAIMS, MODES, agreement, gapText } from './invariance-math.js';
+import { CLAIMS, MODES, agreement, gapText, loadText, loadsOf, rateText } from './invariance-math.js';
 import { clear, table, tag, value } from './view.js';
 
 export const NAME = 'batch_invariance';
@@ -22,23 +22,28 @@ async function loadRecording(signal) {
   return { recordedOn: data.recorded_on || {}, response: data.experiment };
 }
 
-// Where the figure's numbers come from: the recording (its machine, date and load) or this server's live run.
+// Where the figure's numbers come from: the recording (its machine, date, size and load as it began and
+// ended) or this server's live run (its load as the answer was built).
 function sourceLine(node, response, recordedOn) {
   node.replaceChildren();
   const m = response.machine || {};
+  const r = response.result || {};
   if (recordedOn) {
     node.append('Recorded run ');
     value(node, `${recordedOn.model || 'model not named'}, ${recordedOn.machine || 'machine not recorded'}`
       + `${recordedOn.cpu_capability ? ` (${recordedOn.cpu_capability})` : ''}, ${recordedOn.date || 'date not given'}`,
     'measured', 'sv-source-detail');
-    node.append(', load ');
-    value(node, formatFixed(Number.isFinite(m.load_1m) ? m.load_1m : recordedOn.load_1m, 2), 'measured');
   } else {
     node.append('Live run ');
     value(node, m.device || m.cpu || 'this server', 'measured', 'sv-source-detail');
-    node.append(', load ');
-    value(node, formatFixed(m.load_1m, 2), 'measured');
   }
+  node.append(', ');
+  value(node, formatInt(r.requests), 'measured');
+  node.append(' questions of ');
+  value(node, formatInt(r.new_tokens), 'measured');
+  node.append(' tokens, load ');
+  const loads = loadsOf(m, recordedOn);
+  value(node, loads.length ? loadText(loads) : MISSING, 'measured');
   node.append(' ');
   tag(node, 'measured');
 }
@@ -85,14 +90,14 @@ function modeColumn(parent, name, title, run) {
   table(col, {
     head: ['', 'median step', 'tokens/s'],
     rows: ['alone', 'batched'].map((where) => [where, [formatMs(run.step_ms_median[where]), 'measured'],
-      [formatFixed(run.tokens_per_s[where], 1), 'measured']]),
+      [rateText(run.tokens_per_s[where]), 'measured']]),
   });
 }
 
-function drawClaims(nodes, response) {
+function drawClaims(nodes, response, recordedOn) {
   for (const node of nodes) { node.replaceChildren(); node.hidden = true; }
   for (const claim of CLAIMS) {
-    const c = response?.result ? claim(response.result, response.machine || {}) : null;
+    const c = response?.result ? claim(response.result, response.machine || {}, recordedOn) : null;
     const node = c && nodes.find((n) => n.dataset.claim === c.id);
     if (!node) continue;
     node.hidden = false;
@@ -122,7 +127,7 @@ export function mount(el) {
     if (now) sourceLine(dom.source, now.response, now.recordedOn);
     else dom.source.textContent = state.recorded === undefined ? 'Loading the recorded run…' : 'No recorded run ships with the page.';
     const result = now?.response?.result;
-    drawClaims(dom.claims, now?.response);
+    drawClaims(dom.claims, now?.response, now?.recordedOn || null);
     dom.back.hidden = !(state.showLive && state.recorded);
     dom.run.disabled = state.running || !state.available;
     if (!result) return;

@@ -1,11 +1,12 @@
 // Stage 1 figure: step time, per-user and aggregate tokens per second at batch 1..16 (bars), and a
-// roofline of the recording machine: the float32 GEMM's roof for prompts, the copy bandwidth, and each
+// roofline of the recording machine: the roof of the kernel that runs prompts (float32 GEMM on int4 with float32
+// copies, the int8 kernel on int8, the route's GEMM on a float route), the copy bandwidth, and each
 // point's own ceiling from the kernels that ran it (serving_experiments/roofline.py).
 import { html, svgEl } from '../shared/dom.js';
 import { formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { axes, barRow, clear, setting, value } from './view.js';
 import { decades, logScale, share } from './math.js';
-import { pointVerdict, ridge, roof } from '../shared/roofline.js';
+import { pointVerdict, ridge, roof, roofKernel } from '../shared/roofline.js';
 
 const W = 420;
 const H = 240;
@@ -60,9 +61,10 @@ function rooflineSvg(parent, rl) {
   const ys = decades([...pts.map((p) => p.flops_s), ...ceilings, rl.peak_flops_s * 1.5, roof(xs[0], rl)]);
   const x = logScale(xs, [M.left, W - M.right]);
   const y = logScale(ys, [H - M.bottom, M.top]);
+  const kernel = roofKernel(rl);
   const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-roofline', role: 'img',
-    'aria-label': 'Roofline of the recording machine: the float32 GEMM\'s roof for prompts, the copy bandwidth, and each '
-      + 'point\'s own ceiling (a tick above it: the kernels that ran it), log scales' }, { parent });
+    'aria-label': `Roofline of the recording machine: ${kernel ? `the ${kernel}'s roof for prompts` : 'the roof for prompts'}, `
+      + 'the copy bandwidth, and each point\'s own ceiling (a tick above it: the kernels that ran it), log scales' }, { parent });
   axes(svg, { W, H, M }, { x, y, xTicks: decadeTicks(xs), yTicks: decadeTicks(ys), xText: sci, yText: sci,
     xTitle: 'arithmetic intensity (FLOP per byte moved)', yTitle: 'FLOP/s' });
   const line = [xs[0], ridgeI, xs[1]].map((i) => `${x(i)},${y(roof(i, rl))}`).join(' ');
@@ -93,7 +95,8 @@ function rooflineSvg(parent, rl) {
 
 function rooflineNotes(parent, rl) {
   const p = html('p', { cls: 'sv-note', parent });
-  p.append('Roof for prompts: the float32 GEMM that runs them peaked at ');
+  const kernel = roofKernel(rl); // as the recording names it: float32 GEMM only where prompts ran on float32 copies
+  p.append(`Roof for prompts: ${kernel ? `the ${kernel} that runs them` : 'their kernel'} peaked at `);
   value(p, `${sci(rl.peak_flops_s)} FLOP/s`, 'measured');
   // One kernel at its best size, not the machine's peak: the recording says which sizes.
   if (rl.peak_kernel) { // the kernel and the sizes it was timed at: settings of the measurement
@@ -105,8 +108,11 @@ function rooflineNotes(parent, rl) {
   value(p, `${sci(rl.bandwidth_bytes_s)} B/s`, 'measured');
   p.append('; their ridge sits at ');
   value(p, `${formatFixed(rl.ridge_intensity ?? ridge(rl), 1)} FLOP/B`, 'computed');
-  p.append(' (peak ÷ bandwidth). A decode step runs other kernels, so each point also has its own ceiling, the tick '
-    + 'above it: its FLOPs over the time its own kernels take alone, or its bytes at the copy bandwidth, whichever is longer.');
+  // "other kernels" only where the recording's decode points name a kernel other than the roof's
+  const other = (rl.points || []).some((q) => q.phase === 'decode' && q.kernel && q.kernel !== kernel);
+  p.append(` (peak ÷ bandwidth). ${other ? 'A decode step runs other kernels, so each' : 'Each'} point also has its own `
+    + 'ceiling, the tick above it: its FLOPs over the time its own kernels take alone, or its bytes at the copy bandwidth, '
+    + 'whichever is longer.');
   // The method in words (which kernel, which sizes): its figures are the measurement's settings.
   if (rl.basis) html('p', { cls: 'sv-note sv-basis', text: `How: ${rl.basis}.`, parent }).dataset.setting = '';
 }

@@ -3,9 +3,9 @@
 // cited inputs), and the measured "pricing" experiment: prefill vs decode time per token.
 import { html } from '../shared/dom.js';
 import { formatFixed, formatInt } from '../shared/format.js';
-import { barRow, clear, value } from './view.js';
+import { barRow, clear, setting, value } from './view.js';
 import { PASS_LIMITS, checkCount, contextUse, share, tokenPasses } from './math.js';
-import { kernelsOf, routeName } from '../shared/route.js';
+import { floatPrefillOf, kernelsOf, routeName } from '../shared/route.js';
 
 // The reference text's worked budget (“Take one chat request through the autoregressive loop”).
 const BUDGET = { content: 1000, template: 38, maxNew: 200, window: 4096 };
@@ -80,19 +80,25 @@ function pricing(parent, response) {
   }
   const r = response.result;
   const both = [r.prefill_ms_per_token, r.decode_ms_per_token];
+  // the prefill's measured time over its prompt tokens: a division, so computed; the decode figure is a measured step
   barRow(parent, { label: 'prefill / token', fraction: share(r.prefill_ms_per_token, both),
-    text: `${formatFixed(r.prefill_ms_per_token, 2)} ms`, cls: 'sv-prefill', data: { value: r.prefill_ms_per_token } });
+    text: `${formatFixed(r.prefill_ms_per_token, 2)} ms`, cls: 'sv-prefill', provenance: 'computed',
+    data: { value: r.prefill_ms_per_token } });
   barRow(parent, { label: 'decode / token', fraction: share(r.decode_ms_per_token, both),
     text: `${formatFixed(r.decode_ms_per_token, 2)} ms`, cls: 'sv-decode', data: { value: r.decode_ms_per_token } });
   const note = html('p', { cls: 'sv-note', parent });
   note.append('One new token took ');
   value(note, `${formatFixed(r.ratio, 1)} times`, 'computed', 'sv-num sv-price-ratio');
   note.append(' as long as one prompt token (');
-  value(note, `${formatInt(r.prompt_tokens)}-token prompt, ${formatInt(r.new_tokens)} new tokens`, 'measured');
+  value(note, `${formatInt(r.prompt_tokens)}-token prompt`, 'measured'); // the tokenized count
+  note.append(', ');
+  setting(note, `${formatInt(r.new_tokens)} new tokens`); // the experiment's own parameter
   note.append('), one request at a time on the machine named above. That shows why the asymmetry exists; it is not a price'
     + ' ratio, which also depends on batching, hardware and business.');
-  // a quantized route runs a long prompt and a decode step on different kernels: the ratio sets one beside the other
-  const kernels = kernelsOf(routeName(response.machine && response.machine.route), r.prompt_tokens);
+  // int4 with float32 copies for prompts runs a long prompt and a decode step on different kernels: the ratio
+  // sets one beside the other (the machine's float_prefill says; int8 runs both on its own kernel)
+  const machine = response.machine || {};
+  const kernels = kernelsOf(routeName(machine.route), r.prompt_tokens, floatPrefillOf(machine));
   if (kernels && kernels.prompt !== kernels.decode) {
     note.append(` The prompt ran on the ${kernels.prompt}, each new token on the ${kernels.decode}, so this compares two`
       + ' kernels.');

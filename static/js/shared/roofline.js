@@ -21,3 +21,13 @@ export function pointVerdict(point, roofline) {
   const side = point.intensity >= ridgeAt ? 'compute-bound' : 'memory-bound';
   return { share, attainable, side, verdict: point.verdict || null, ridge: ridgeAt };
 }
+
+// The kernel the roof's peak was timed on, in words ("float32 GEMM", "int8 kernel", "bfloat16 GEMM"): the
+// recording's peak_kernel up to " on this model's layers" (serving_experiments/roofline.py), else the kernel
+// its prefill point ran, else null. Read from the recording, never assumed from the route.
+export function roofKernel(roofline) {
+  const named = roofline && typeof roofline.peak_kernel === 'string' ? roofline.peak_kernel.split(' on ')[0].trim() : '';
+  if (named) return named;
+  const prefill = ((roofline && roofline.points) || []).find((p) => p.phase === 'prefill');
+  return (prefill && prefill.kernel) || null;
+}

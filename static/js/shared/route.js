@@ -26,9 +26,21 @@ export function servingRoute(serving, response = null) {
   return m ? m[1] : null;
 }
 
-// The kernels a prompt and a decode step ran on: a quantized route's prompt of FLOAT_ROWS (16) rows or more
-// runs the float32 copies (model_runner/loading/quantize.py), its decode steps the route's own kernel.
-export function kernelsOf(route, promptTokens) {
+// Whether a run kept float32 copies of its weights for prompts (formulas/cost.py Shape.float_prefill, true only
+// on int4 where the CPU's kernels want it): a model's cost shape says so, a serving experiment's machine
+// (app/experiments.py) too. null when the source does not say.
+export function floatPrefillOf(source) {
+  if (!source) return null;
+  const own = source.float_prefill ?? (source.cost_shape && source.cost_shape.float_prefill);
+  return typeof own === 'boolean' ? own : null;
+}
+
+// The kernels a prompt and a decode step ran on, or null when both ran the same one (or it is not known):
+// only a quantized route that kept float32 copies for prompts (`floatPrefill`) runs a prompt of FLOAT_ROWS
+// (16) rows or more on them (model_runner/loading/quantize.py); int8, and int4 without the copies, run every
+// call on the route's own kernel, as a decode step always does.
+export function kernelsOf(route, promptTokens, floatPrefill) {
   if (route !== 'int4' && route !== 'int8') return null;
-  return { prompt: promptTokens >= 16 ? 'float32 GEMM' : `${route} kernel`, decode: `${route} kernel` };
+  if (floatPrefill !== true || !(promptTokens >= 16)) return null;
+  return { prompt: 'float32 GEMM', decode: `${route} kernel` };
 }

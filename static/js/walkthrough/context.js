@@ -5,7 +5,7 @@
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { median } from '../shared/stats.js';
 import { pointVerdict } from '../shared/roofline.js';
-import { kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
+import { floatPrefillOf, kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
 
 // The route a walkthrough run took: its recording's own field first, else its model's facts.
 export function runRoute(run) {
@@ -86,7 +86,8 @@ export function ratioSentence(run, serving) {
   if (!ours || !r || !Number.isFinite(r.ratio)) return null;
   const route = runRoute(run);
   const theirs = servingRoute(serving, pricing);
-  const kernels = kernelsOf(route, run.prefill.tokens);
+  // the run's own cost shape says whether its prompt ran on float32 copies (int4 with them) or on the route's kernel
+  const kernels = kernelsOf(route, run.prefill.tokens, floatPrefillOf(run.model));
   let why = route && theirs && route !== theirs ? `They ran on different routes (${route} here, ${theirs} there). ` : '';
   why += ratioReason(ours, r, run.prefill.tokens, run.inspected);
   return {
@@ -175,20 +176,21 @@ export function contextFacts(run, serving, recorded = null) {
   facts['recorded-on'] = [recordedOnText(shipped), shipped.measured ? 'measured' : 'schematic'];
   const roof = roofFacts(serving);
   if (roof) {
+    // the kernels' names are what the steps ran (settings of the measurement, as the serving chapter tags them)
     Object.assign(facts, {
       ridge: [roof.ridge, 'computed'],
       'roof-peak': [roof.peak, 'measured'],
-      'roof-peak-kernel': [roof.peakKernel, 'computed'],
+      'roof-peak-kernel': [roof.peakKernel, 'setting'],
       'roof-bandwidth': [roof.bandwidth, 'measured'],
       'prefill-tokens': [roof.prefillTokens, 'setting'],
       'prefill-intensity': [roof.prefillIntensity, 'computed'],
       'prefill-side': [roof.prefillSide, 'computed'],
-      'prefill-kernel': [roof.prefillKernel, 'computed'],
+      'prefill-kernel': [roof.prefillKernel, 'setting'],
       'prefill-kernel-ms': [roof.prefillKernelMs, 'measured'],
       'prefill-step-ms': [roof.prefillStepMs, 'measured'],
       'prefill-verdict': [roof.prefillVerdict, 'computed'],
       'prefill-share': [roof.prefillShare, 'computed'],
-      'decode-kernel': [roof.decodeKernel, 'computed'],
+      'decode-kernel': [roof.decodeKernel, 'setting'],
       'decode-kernel-ms': [roof.decodeKernelMs, 'measured'],
       'decode-memory-ms': [roof.decodeMemoryMs, 'computed'],
       'decode-step-ms': [roof.decodeStepMs, 'measured'],

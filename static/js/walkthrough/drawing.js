@@ -31,7 +31,10 @@ function sourceLine(state, run) {
   const when = run.recordedAt ? run.recordedAt.slice(0, 10) : '';
   // The route (int4, int8, float32, …) sets every time in the run: it is named beside the model.
   const route = runRoute(run);
-  const where = m.name ? `${m.name}${route ? `, ${route} weights,` : ''} on ${m.device_name || m.device || '?'}` : '';
+  // A recording names its machine as the intro does (recorded_on.machine); a live run the server's device.
+  const { machine } = recordedOn(run);
+  const on = (state.source === 'recorded' && machine) || m.device_name || m.device || '?';
+  const where = m.name ? `${m.name}${route ? `, ${route} weights,` : ''} on ${on}` : '';
   switch (state.source) {
     case 'recorded': return ['Recorded run', ` · ${where} · ${when}${loadNote(run)}`, 'measured'];
     case 'live': return [run.end ? 'Live run' : 'Live run, events arriving', ` · ${where}`, 'measured'];
@@ -41,11 +44,11 @@ function sourceLine(state, run) {
   }
 }
 
-// The machine and its load while it recorded (context.js reads either field naming): other work on
-// the CPUs stretches every time in the run.
+// The load while it recorded (context.js reads either field naming): other work on the CPUs stretches
+// every time in the run. The machine is named once, in `where`.
 function loadNote(run) {
-  const { machine, load } = recordedOn(run);
-  return `${machine ? ` · ${machine}` : ''}${load ? `, load ${load}` : ''}`;
+  const { load } = recordedOn(run);
+  return load ? `, load ${load}` : '';
 }
 
 export function createDrawing(figureEl) {

@@ -287,7 +287,9 @@ export function readout(state, run) {
       : line('no token yet', null)),
     decode: () => [...line(`${f['decode-steps']} decode steps after the first token · median ${f['step-median']}`), ...line(`${f['decode-tps']} tokens/s`, run.measured ? 'computed' : m)],
     cache: () => [
-      ...line(`${f['cache-positions']} positions cached in ${f['cache-blocks']} blocks, ${f['cache-reserved']} reserved`),
+      ...line(`${f['cache-positions']} positions cached in ${f['cache-blocks']} blocks`),
+      // the blocks times the pool's bytes per block: worked out, as the story text tags it
+      ...line(`${f['cache-reserved']} reserved`, run.measured ? 'computed' : m),
       ...line(`${f['bytes-per-token']} B per token = 2 × ${f.layers} layers × ${f['kv-heads']} KV heads × `
         + `${f['head-dim']} × ${f['bytes-per-element']} B`, 'computed'),
       ...line(`weights ${f.weights}, fixed`),

@@ -1,0 +1,50 @@
+"""Stepping one decoder's batched forward over a pool of its own, the way the engine steps it, so two decoders
+(or two companies) can be given the same rows and their logits and K/V rows compared (tests of
+model_runner/local/native.py, on the fake model and on the real one)."""
+
+from __future__ import annotations
+
+import torch
+from kvscope_testkit import ask
+
+from model_runner.local.forward import BatchForward
+from model_runner.local.kv_cache import PagedKVPool
+from model_runner.local.scheduler import Work
+from model_runner.shared.sequence import Sequence
+
+BLOCK = 16
+
+
+class Run:
+    """One decoder's forward over a pool of its own, stepped the way the engine steps it."""
+
+    def __init__(self, model, decoder: str, cuda_graphs: str = "off", invariant_rows: int = 0, blocks: int = 32):
+        self.pool = PagedKVPool(model, None, num_blocks=blocks, block_size=BLOCK, max_batch_tokens=1024)
+        self.forward = BatchForward(model, self.pool, cuda_graphs, invariant_rows=invariant_rows, decoder=decoder)
+        self.seqs: dict[str, Sequence] = {}
+
+    def step(self, rows: list[tuple[str, list[int]]], inspect: set[str] = frozenset()) -> torch.Tensor:
+        """rows: (request, its new tokens); a new request's first tokens are its prompt."""
+        work = []
+        for key, tokens in rows:
+            seq = self.seqs.get(key)
+            if seq is None:
+                seq = self.seqs[key] = Sequence(
+                    id=key, params=ask("hi", inspect={"attention": key in inspect}), key=key, prompt_ids=list(tokens)
+                )
+            assert self.pool.reserve(seq, len(tokens))
+            work.append(Work(seq, list(tokens), "decode" if seq.cached else "prefill", wants_logits=True))
+        with torch.inference_mode():
+            return self.forward(work)
+
+    def kv(self, key: str) -> torch.Tensor:
+        """Every layer's K and V rows the request holds, [layers·2, positions, kv_heads, d]."""
+        seq = self.seqs[key]
+        read: list[list[int]] = [[]]
+        self.pool.cache.extend_read_and_write_indices(key, seq.cached, 0, read, [[]])
+        slots = torch.tensor(read[0])
+        views = self.pool.cache.cache_allocators[
+            "full_attention"
+        ]._kv_token_views  # layer → (K, V) [slots, kv_heads, d]
+        pairs = views.values() if isinstance(views, dict) else views
+        return torch.stack([view.index_select(0, slots) for pair in pairs for view in pair])

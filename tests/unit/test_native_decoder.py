@@ -1,0 +1,176 @@
+"""The native decoder step (model_runner/local/native.py) against transformers' forward over the same paged
+pool: bit for bit wherever the two run the same shapes (prompts, chunks, a lone decode, the padded static step,
+batch-invariant mode), the same K and V written to the same slots, the same attention summaries; a decode step
+of several rows, which the native step attends row by row, within float32's rounding of the packed one; the
+Llama family it knows (Llama, Qwen2's biases, Qwen3's head norms) and a clear refusal of what it does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decoder_runs import Run
+from kvscope_testkit import ask
+from numerics import assert_within_rounding
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from model_runner.errors import UserError
+from model_runner.loading import loader
+from model_runner.local.decoders import decoder_for, decoder_report
+from model_runner.local.engine import Engine, EngineConfig
+from model_runner.local.invariant import InvariantSteps
+from model_runner.local.kv_cache import PagedKVPool
+from model_runner.local.native import native_support
+
+BLOCK = 16  # tokens per block of the pools made here
+
+
+def fake_model():
+    return loader.load("fake", "cpu", "auto").model
+
+
+def tiny(kind: str):
+    """A random two-layer model of another family the native step knows (or, for gpt2, one it does not)."""
+    torch.manual_seed(1)
+    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4)).eval()
+    config, model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[kind]
+    extra = {"head_dim": 8} if kind == "qwen3" else {}
+    return model(config(**shape, num_key_value_heads=2, max_position_embeddings=256, **extra)).eval()
+
+
+# Steps whose shapes both decoders run alike: prompts packed together, a chunk after a past, lone decodes.
+SAME_SHAPES = [
+    [("a", [5, 6, 7, 8, 9]), ("b", [11, 12, 13])],  # two prompts in one packed step
+    [("a", [20, 21, 22])],  # a chunk of three after a past of five
+    [("a", [30])],  # a lone decode
+    [("b", [31])],
+    [("a", [32])],
+]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_native_logits_and_kv_are_transformers_bits_at_the_same_shapes(family):
+    model = fake_model() if family == "llama" else tiny(family)
+    native, reference = Run(model, "native"), Run(model, "transformers")
+    assert native.forward.decoder.name == "native" and reference.forward.decoder.name == "transformers"
+    for rows in SAME_SHAPES:
+        assert torch.equal(native.step(rows), reference.step(rows)), rows
+    for key in ("a", "b"):
+        assert torch.equal(native.kv(key), reference.kv(key))
+
+
+def test_a_decode_step_of_several_rows_is_within_float32_rounding_and_keeps_each_row_to_itself():
+    model = fake_model()
+    native, reference = Run(model, "native"), Run(model, "transformers")
+    prompts = [("a", list(range(40, 60))), ("b", [3, 4]), ("c", list(range(70, 79)))]
+    for run in (native, reference):
+        run.step(prompts)
+    decode = [("a", [1]), ("b", [2]), ("c", [3])]
+    got, want = native.step(decode), reference.step(decode)
+    assert_within_rounding(got, want)  # row by row over gathered keys vs the packed batch's mask
+    for key in ("a", "b", "c"):
+        kv_native, kv_reference = native.kv(key), reference.kv(key)  # [layers·2, positions, kv_heads, d]
+        assert torch.equal(kv_native[:, :-1], kv_reference[:, :-1])  # the prompts' rows: the same step, the same bits
+        assert torch.equal(kv_native[:2], kv_reference[:2])  # layer 0's K and V come before any attention
+        torch.testing.assert_close(kv_native, kv_reference, rtol=0, atol=1e-5)  # later layers: after attention
+
+
+def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():
+    model = fake_model()
+    first, second = Run(model, "native"), Run(model, "native")
+    first.step([("a", list(range(40, 52))), ("b", list(range(10, 22)))])
+    second.step([("a", list(range(40, 52))), ("b", list(range(90, 102)))])  # b: other tokens, the same length
+    a_first = first.step([("a", [1]), ("b", [2])])[0]
+    a_second = second.step([("a", [1]), ("b", [9])])[0]
+    assert torch.equal(a_first, a_second)
+
+
+def test_the_padded_static_step_and_batch_invariant_mode_are_transformers_bits():
+    model = fake_model()
+    for mode in ({"cuda_graphs": "padded"}, {"invariant_rows": 4}):
+        native, reference = Run(model, "native", **mode), Run(model, "transformers", **mode)
+        prompts = [("a", [5, 6, 7, 8]), ("b", [9, 10])]
+        assert torch.equal(native.step(prompts), reference.step(prompts))
+        for _ in range(3):
+            rows = [("a", [1]), ("b", [2])]
+            assert torch.equal(native.step(rows), reference.step(rows)), mode
+        assert native.forward.static_steps == reference.forward.static_steps > 0
+
+
+def test_batch_invariant_mode_runs_the_native_step_row_by_row():
+    model = fake_model()
+    native = Run(model, "native", invariant_rows=4)
+    assert isinstance(native.forward.invariant, InvariantSteps)
+    native.step([("a", [5, 6, 7, 8]), ("b", [9, 10])])
+    alone = Run(model, "native", invariant_rows=4)
+    alone.step([("a", [5, 6, 7, 8])])
+    assert torch.equal(native.step([("a", [1]), ("b", [2])])[0], alone.step([("a", [1])])[0])
+
+
+def test_attention_summaries_are_the_same_from_both_decoders():
+    model = fake_model()
+    native, reference = Run(model, "native"), Run(model, "transformers")
+    summaries = {"native": [], "transformers": []}
+    for run in (native, reference):
+        run.step([("a", list(range(30, 50))), ("b", [1, 2, 3])], inspect={"a"})
+        summaries[run.forward.decoder.name] += (
+            run.forward.take_attention().values()
+        )  # taken each step, as the engine does
+        run.step([("a", [7]), ("b", [8])])
+        summaries[run.forward.decoder.name] += run.forward.take_attention().values()
+    assert [s["positions"] for s in summaries["native"]] == [20, 21]  # a's prompt, then its decode token
+    for got, want in zip(summaries["native"], summaries["transformers"]):
+        assert got["positions"] == want["positions"]
+        for layer_got, layer_want in zip(got["layers"], want["layers"]):
+            assert layer_got["sharpest"]["head"] == layer_want["sharpest"]["head"]
+            torch.testing.assert_close(
+                torch.tensor(layer_got["mean"]["bins"]), torch.tensor(layer_want["mean"]["bins"]), rtol=0, atol=2e-4
+            )
+
+
+def test_auto_picks_native_for_the_llama_family_and_transformers_for_the_rest():
+    for model in (fake_model(), tiny("qwen2"), tiny("qwen3")):
+        pool = PagedKVPool(model, None, num_blocks=4, block_size=BLOCK, max_batch_tokens=64)
+        decoder = decoder_for(model, pool, "auto")
+        assert decoder.name == "native"
+        assert decoder_report(decoder, model, "auto")["reason"].startswith("the native step")
+    other = tiny("gpt2")
+    assert "architecture (gpt2)" in native_support(other)
+
+
+def test_the_decoder_choice_is_checked_by_name():
+    model = fake_model()
+    pool = PagedKVPool(model, None, num_blocks=4, block_size=BLOCK, max_batch_tokens=64)
+    with pytest.raises(UserError, match="--decoder must be one of auto, native, transformers, got 'fast'") as bad:
+        decoder_for(model, pool, "fast")
+    assert bad.value.field == "decoder"
+    model.base.config.hidden_act = "gelu"  # a Llama whose MLP the native step does not run
+    try:
+        with pytest.raises(UserError, match="--decoder native cannot run this model: its MLP's activation is gelu"):
+            decoder_for(model, pool, "native")
+        assert decoder_for(model, pool, "auto").name == "transformers"
+        report = decoder_report(decoder_for(model, pool, "auto"), model, "auto")
+        assert report == {
+            "name": "transformers",
+            "asked": "auto",
+            "reason": "transformers' forward: the native step does not run this model (its MLP's activation is "
+            "gelu, not SiLU)",
+        }
+    finally:
+        model.base.config.hidden_act = "silu"
+
+
+@pytest.mark.parametrize("decoder", ["native", "transformers"])
+def test_an_engine_reports_its_decoder_and_answers_the_same_either_way(decoder):
+    loaded = loader.load("fake", "cpu", "auto")
+    engine = Engine(EngineConfig(model="fake", decoder=decoder), loaded=loaded).start()
+    try:
+        assert engine.decoder()["name"] == decoder and engine.snapshot()["decoder"]["asked"] == decoder
+        events = [e.to_dict() for e in engine.submit(ask("Tell me", max_new_tokens=12), "r")]
+    finally:
+        engine.shutdown()
+    tokens = [e for e in events if e["type"] == "token"]
+    assert events[-1]["type"] == "finished" and len(tokens) == 12
+    assert [t["cache_tokens"] for t in tokens] == list(range(tokens[0]["cache_tokens"], tokens[0]["cache_tokens"] + 12))
+    assert engine.pool.writes.failed == 0 and engine.pool.writes.checked > 0
