@@ -62,7 +62,7 @@ def decoder_of(engine) -> dict | None:
     server runs its own, and says nothing about it here."""
     local = getattr(engine, "local", None)
     if local is None or not hasattr(local, "decoder"):
-        return {"name": None, "reason": "a remote engine: its server runs the model"}
+        return {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
     return local.decoder()
 
 

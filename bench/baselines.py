@@ -226,14 +226,23 @@ def hf_generate_batch(
     cb = ContinuousBatchingConfig(
         page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, allow_block_sharing=False
     )
-    t0 = now()
-    out = model.generate_batch(
-        [list(p) for p in prompts],
-        generation_config=config,
-        continuous_batching_config=cb,
-        max_new_tokens=max_new_tokens,
-    )
-    call = now() - t0
+    # The engine's transformers decoder leaves kvscope's sdpa on the model (transformers' own unless a request is
+    # inspected), which the manager refuses by name: it runs on transformers' sdpa, and the engine's is put back.
+    attention = model.config._attn_implementation
+    if attention != "sdpa":
+        model.set_attn_implementation("sdpa")
+    try:
+        t0 = now()
+        out = model.generate_batch(
+            [list(p) for p in prompts],
+            generation_config=config,
+            continuous_batching_config=cb,
+            max_new_tokens=max_new_tokens,
+        )
+        call = now() - t0
+    finally:
+        if attention != "sdpa":
+            model.set_attn_implementation(attention)
     if len(out) != len(prompts):
         raise RuntimeError(f"generate_batch returned {len(out)} results for {len(prompts)} prompts")
     results = list(out.values())

@@ -124,6 +124,7 @@ def command_line(args: argparse.Namespace, s: dict) -> str:
     parts = ["kvscope bench"] + (["--batching"] if s["batching"] else []) + (["--class"] if s["class"] else [])
     parts += [f"--model {args.model}"] + ([f"--device {args.device}"] if args.device != "auto" else [])
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
+    parts += [f"--decoder {args.decoder}"] if getattr(args, "decoder", "auto") != "auto" else []
     if s["batching"]:
         parts += [
             f"--prompt-lens {s['prompt_tokens_target']}",
@@ -198,6 +199,7 @@ def measure_batching(session: BatchingRun, s: dict, started_at: datetime, t0: fl
         "settings": {
             **s,
             "policy": engine.policy.to_dict(),
+            "decoder": engine.snapshot().get("decoder"),  # native or transformers (--decoder)
             "kv_blocks": engine.snapshot()["kv"]["total"],
             "prompt_tokens": [p.tokens for p in prompts] if s["batching"] else [],
         },

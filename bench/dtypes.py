@@ -1,4 +1,5 @@
-"""`kvscope bench --dtypes`: the same model loaded once per dtype route (default float32 and auto) in
+"""`kvscope bench --dtypes`: the same model loaded once per dtype route (default float32 and auto; a route
+may name its decoder, `auto:transformers`, so one run compares the native step with transformers') in
 one process, each in its own engine, all stepped on one thread; in turns whose order rotates every
 repeat, a lone client (decode tokens/s, prefill) and N concurrent clients (aggregate tokens/s); then
 greedy answers to the fixed quality prompts, one at a time, compared token for token with the first
@@ -23,6 +24,7 @@ import torch
 
 from model_runner.errors import UserError
 from model_runner.loading.loader import DTYPE_CHOICES
+from model_runner.local.config import DECODERS
 
 from .clients import Job, RequestRecord, read_events, submit_job
 from .machine import load_average, machine_info
@@ -37,15 +39,25 @@ LONE_GOAL = ("min", 2.5)  # the project's target: the default's lone decode toke
 BATCHED_GOAL = ("min", 1.5)  # aggregate tokens/s at 8 clients
 PREFILL_GOAL = ("max", 1.0)  # prefill time no longer than float32's
 ANCHOR_GOAL = ("min", 0.8)  # lone decode tokens/s over llama.cpp's on the same GGUF
+# The native decoder step against transformers' on the same route: lone decode, and the batched clients (16).
+DECODER_LONE_GOAL = ("min", 1.25)
+DECODER_BATCHED_GOAL = ("min", 1.2)
+NATIVE_ANCHOR_GOAL = ("min", 1.2)  # the native step's lone decode over llama.cpp's
+
+
+def split_route(route: str) -> tuple[str, str]:
+    """`dtype` or `dtype:decoder` → (dtype, decoder); the decoder defaults to auto."""
+    dtype, _, decoder = route.partition(":")
+    return dtype, decoder or "auto"
 
 
 def parse_routes(text: str) -> list[str]:
     routes = [r.strip() for r in text.split(",") if r.strip()]
-    bad = [r for r in routes if r not in DTYPE_CHOICES]
+    bad = [r for r in routes if split_route(r)[0] not in DTYPE_CHOICES or split_route(r)[1] not in DECODERS]
     if bad or len(routes) < 2 or len(set(routes)) != len(routes):
         raise UserError(
             f"--dtypes takes two or more different values of {', '.join(DTYPE_CHOICES)}, comma-separated "
-            f"(the first is the reference), got {text!r}",
+            f"(the first is the reference), each optionally with :{'|:'.join(DECODERS)} for its decoder, got {text!r}",
             field="dtypes",
         )
     return routes
@@ -82,15 +94,16 @@ def agreement(got: list[list[int] | None], reference: list[list[int] | None]) ->
 # ---- one run -----------------------------------------------------------------------------------
 
 
-def _engine(args: argparse.Namespace, dtype: str, clients: int):
+def _engine(args: argparse.Namespace, route: str, clients: int):
     """A loaded engine whose worker thread never starts: the bench's one thread runs every route's
     steps (run_stepped_all), so no route is helped or hurt by which thread torch runs on (two idle
     OpenMP teams beside a busy one cost the small int4/int8 steps most; docs/performance.md)."""
     from model_runner.loading.loader import load
     from model_runner.local.engine import Engine, EngineConfig
 
+    dtype, decoder = split_route(route)
     config = EngineConfig(
-        model=args.model, device=args.device, dtype=dtype, max_queue=max(64, clients), timeout_s=600.0
+        model=args.model, device=args.device, dtype=dtype, max_queue=max(64, clients), timeout_s=600.0, decoder=decoder
     )
     return Engine(config, loaded=load(args.model, args.device, dtype))
 
@@ -234,6 +247,7 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
     batched = [r["tokens_per_s"] for r in runs["batched"] if r["tokens_per_s"]]
     return {
         "facts": facts.to_dict(),
+        "decoder": engine.decoder(),
         "load_s": round(engine.loaded.load_s, 2),
         "tensor_kv_bytes_per_token": engine.pool.computed_bytes(1),  # computed from the pool tensor's layout
         "lone_decode_tokens_per_s": spread(lone),
@@ -249,10 +263,11 @@ def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
     """Each route over the reference, repeat by repeat (the same turn of the same run), then the median."""
     ref, report = routes[0], {}
     for route in routes[1:]:
+        lone_goal, batched_goal = goals_over(route, ref)
         for name, key, field_, goal, what in (
-            ("lone", "lone", "decode_tokens_per_s", LONE_GOAL, "lone client: decode tokens/s"),
+            ("lone", "lone", "decode_tokens_per_s", lone_goal, "lone client: decode tokens/s"),
             ("prefill", "lone", "prefill_ms", PREFILL_GOAL, "lone client: prefill time"),
-            ("batched", "batched", "tokens_per_s", BATCHED_GOAL, f"{clients} clients: aggregate tokens/s"),
+            ("batched", "batched", "tokens_per_s", batched_goal, f"{clients} clients: aggregate tokens/s"),
         ):
             values = [
                 a[field_] / b[field_] for a, b in zip(runs[route][key], runs[ref][key]) if a[field_] and b[field_]
@@ -260,6 +275,15 @@ def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
             value = median(values) if values else None
             report[f"{name}_{route}_over_{ref}"] = judged(f"{what}, {route} / {ref}", spread(values), value, goal)
     return report
+
+
+def goals_over(route: str, ref: str) -> tuple[tuple, tuple]:
+    """The lone and batched targets of `route` over the reference: the native step's over transformers' when the
+    two differ by their decoder only, else the quantized route's over float32's."""
+    (dtype, decoder), (ref_dtype, ref_decoder) = split_route(route), split_route(ref)
+    if dtype == ref_dtype and decoder != ref_decoder:
+        return DECODER_LONE_GOAL, DECODER_BATCHED_GOAL
+    return LONE_GOAL, BATCHED_GOAL
 
 
 def _anchor(args, engine, lone: dict, quality: list[dict], output: int, repeats: int, reference: list):
@@ -300,9 +324,10 @@ def _anchor_ratios(rows: dict, anchor: dict | None) -> dict:
     for route, row in rows.items():
         ours = row["lone_decode_tokens_per_s"]["median"]
         value = ours / theirs if ours and theirs else None
+        native = (row.get("decoder") or {}).get("name") == "native"
         report[f"lone_{route}_over_llamacpp"] = judged(
             f"lone client: decode tokens/s, {route} / llama.cpp (medians)", spread([value] if value else []), value,
-            ANCHOR_GOAL,
+            NATIVE_ANCHOR_GOAL if native else ANCHOR_GOAL,
         )  # fmt: skip
     return report
 
@@ -402,8 +427,10 @@ def print_report(report: dict, out: TextIO) -> None:
         )
         print("  ".join(f"{c:>12}" for c in cells), file=out)
     for route, row in report["routes"].items():
-        f = row["facts"]
+        f, decoder = row["facts"], row.get("decoder") or {}
         print(f"\n{route}: {f['dtype_reason'] or f['dtype_route']}; quantization: {f['quantization']}", file=out)
+        if decoder:
+            print(f"  decoder: {decoder['name']} ({decoder['reason']})", file=out)
         a = row["agreement"]
         if a["first_diff"]:
             firsts = ", ".join(f"#{d['request']}@{d['token']}" for d in a["first_diff"])

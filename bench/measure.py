@@ -44,7 +44,8 @@ class Bench:
         if self.baselines:
             from model_runner.local.engine import Engine, EngineConfig
 
-            self.stepped = Engine(EngineConfig(model=args.model, timeout_s=600.0), loaded=target.loaded)
+            config = EngineConfig(model=args.model, timeout_s=600.0, decoder=getattr(args, "decoder", "auto"))
+            self.stepped = Engine(config, loaded=target.loaded)
 
     def on_thread(self, fn: Callable, *args):
         return self._thread.submit(fn, *args).result()

@@ -10,6 +10,7 @@ import time
 from datetime import datetime, timezone
 
 from model_runner.errors import UserError
+from model_runner.local.config import DECODERS
 from model_runner.request import LIMITS
 
 from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Grid, cells_of
@@ -69,6 +70,13 @@ def add_parser(subparsers) -> None:
     )
     b.add_argument("--device", default="auto", help="auto, cuda, mps or cpu")
     b.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16, int4 or int8 (see kvscope serve)")
+    b.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default="auto",
+        help="the in-process engine's decoder: auto, native or transformers (see kvscope serve; to compare two in "
+        "one run: --dtypes auto:transformers,auto:native)",
+    )
     b.add_argument(
         "--dtypes",
         nargs="?",

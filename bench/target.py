@@ -38,6 +38,7 @@ def open_target(args: argparse.Namespace, max_clients: int) -> Target:
             max_queue=max(64, max_clients),
             timeout_s=600.0,
             kv_cache_mb=getattr(args, "kv_cache_mb", None),
+            decoder=getattr(args, "decoder", "auto"),
         )
     ).start()
     try:

@@ -52,6 +52,8 @@ def serve(args: argparse.Namespace) -> int:
         policy = class_policy(policy)
     if args.batch_invariant:
         policy = batch_invariant_policy(args, policy, remote)
+    if remote is not None and args.decoder != "auto":
+        raise UserError("--decoder chooses the built-in engine's decoder, not --engine's", field="decoder")
     if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
         raise UserError(
             f"--kv-cache-mb must be a positive number of MiB, got {args.kv_cache_mb:g}", field="kv_cache_mb"

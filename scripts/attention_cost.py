@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
-    engine = Engine(EngineConfig(model="default", dtype=args.dtype)).start()
+    # transformers' decoder: its arms switch the model's attention implementation, which the native step never reads
+    engine = Engine(EngineConfig(model="default", dtype=args.dtype, decoder="transformers")).start()
     engine.wait_ready(600)
     one_request(engine, "inspect", 4)  # warm-up, not counted
     before = load()

@@ -118,7 +118,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _rows(x, self.in_features)
-        if self.float_weight is not None and _prompt_rows(flat):
+        if on_float_weights(self, flat):
             return nn.functional.linear(x, self.float_weight.to(x.dtype), self.bias)
         if self.siblings is not None:
             y = self.siblings.output(x, self.sibling_index)
@@ -131,6 +131,11 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         prefill = f", float weights from {FLOAT_ROWS} rows" if self.float_weight is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}{prefill}"
+
+
+def on_float_weights(layer: Int4Linear, flat: torch.Tensor) -> bool:
+    """Whether an Int4Linear runs these rows on its float weights (kept for prefill): a prompt's many rows."""
+    return layer.float_weight is not None and _prompt_rows(flat)
 
 
 def _int4_mm(flat: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -151,6 +156,7 @@ class Int4Siblings:
         self.scales_zeros = torch.cat([layer.scales_zeros for layer in layers], dim=1)  # [in/32, out, 2]
         self.widths = [layer.out_features for layer in layers]
         self.layers = layers
+        self.biased = any(layer.bias is not None for layer in layers)
         start = 0
         for index, layer in enumerate(layers):
             end = start + layer.out_features
@@ -165,9 +171,8 @@ class Int4Siblings:
         """Every sibling's output for x at once, [rows, Σ out_features], side by side in sibling order: the one
         int4 call their forwards share, bit for bit (the native step, local/native.py, takes it whole). None
         where the forwards would not make that call: a prompt's rows on the float weights, or biases to add."""
-        first = self.layers[0]
         flat = _rows(x, x.shape[-1])
-        if (first.float_weight is not None and _prompt_rows(flat)) or any(one.bias is not None for one in self.layers):
+        if self.biased or on_float_weights(self.layers[0], flat):
             return None
         return _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
 

@@ -53,12 +53,8 @@ class TransformersDecoder:
         """Attention inspection runs inside kvscope's sdpa only (another attention, e.g. paged eager, has no probe)."""
         return self.model.config._attn_implementation == IMPLEMENTATION
 
-
-class NativeDecoder(NativeLlama):
-    name = "native"
-
-    def inspects(self) -> bool:
-        return True
+    def needs_mask(self, step: PagedStep) -> bool:
+        return True  # the model's attention always reads the packed mask
 
 
 def decoder_for(model, pool, choice: str = "auto") -> Decoder:
@@ -70,7 +66,7 @@ def decoder_for(model, pool, choice: str = "auto") -> Decoder:
         raise UserError(f"--decoder native cannot run this model: {why}; use --decoder transformers", field="decoder")
     if choice == "transformers" or why is not None:
         return TransformersDecoder(model, pool)
-    return NativeDecoder(model, pool)
+    return NativeLlama(model, pool)
 
 
 def decoder_report(decoder: Decoder, model, choice: str) -> dict:

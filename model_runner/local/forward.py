@@ -135,27 +135,28 @@ class BatchForward:
                 prompt_logprobs.fill_skipped_prefix(self.model, row.seq)
         # Without any past in the batch the keys are this step's tokens only (transformers skips the read).
         keys = cu_k if any_past else cu_q
-        # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
-        mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
-        build_attention_mask(mask, cu_q, keys)
         probe = make_probe([id(row) if self._inspects(row) else None for row in rows], cu_q, keys)
         device = self.device
-        logits = self.decoder.run(
-            PagedStep(
-                ids=_i32(ids).to(device),
-                positions=_i32(positions).to(device),
-                mask=mask.to(device),
-                cu_q=_i32(cu_q).to(device),
-                cu_k=_i32(keys).to(device),
-                max_q=max_q,
-                max_k=max_k,
-                write=_i64(write[0]).to(device),
-                read=_i64(read[0] if any_past else []).to(device),
-                keep=_i64(logit_rows).to(device),
-                probe=probe,
-                decode_rows=any_past and max_q == 1,
-            )
-        )  # [kept tokens, vocab]
+        step = PagedStep(
+            ids=_i32(ids).to(device),
+            positions=_i32(positions).to(device),
+            mask=None,
+            cu_q=_i32(cu_q).to(device),
+            cu_k=_i32(keys).to(device),
+            max_q=max_q,
+            max_k=max_k,
+            write=_i64(write[0]).to(device),
+            read=_i64(read[0] if any_past else []).to(device),
+            keep=_i64(logit_rows).to(device),
+            probe=probe,
+            decode_rows=any_past and max_q == 1,
+        )
+        if self.decoder.needs_mask(step):
+            # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
+            mask = torch.full((1, 1, cu_q[-1], keys[-1]), self.masked, dtype=self.model.dtype)
+            build_attention_mask(mask, cu_q, keys)
+            step.mask = mask.to(device)
+        logits = self.decoder.run(step)  # [kept tokens, vocab]
         if probe:
             self.inspected.update(probe.summaries())
         for row, first, end in spans:

@@ -3,21 +3,26 @@ a packed step of the engine over its paged KV pool — RMSNorm, rotary embedding
 `scaled_dot_product_attention`, the SiLU-gated MLP — on the model's own modules' weights and the route's
 weight kernels, without the framework's per-layer machinery. Each op is the one transformers' Llama forward
 runs, in the same order and on tensors of the same shapes, so its logits are transformers' bits at the same
-shapes (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
+shapes; a decode step of several rows attends each row over its own keys (DecodeRows), within rounding of the
+packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.activations import SiLUActivation
+from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
+from transformers.modeling_utils import slice_logits_to_keep
 
 from model_runner.local import invariant
 from model_runner.local.kv_cache import FULL
 from model_runner.local.paged_step import PagedStep
 
-# The families whose decoder layer is this step's (config.model_type), each with what it adds to Llama's.
-FAMILIES = {"llama": "", "qwen2": "biases on q, k, v", "qwen3": "an RMSNorm on each head of q and k"}
+FAMILIES = ("llama", "qwen2", "qwen3")  # config.model_type of the decoder layers this step runs (Qwen3: head norms)
+SILU = (SiLUActivation, nn.SiLU)  # transformers' "silu" and "swish": both nn.functional.silu
 
 
 def native_support(model) -> str | None:
@@ -26,14 +31,13 @@ def native_support(model) -> str | None:
     config = base.config
     kind = getattr(config, "model_type", "?")
     if kind not in FAMILIES:
-        return f"its architecture ({kind}) is not one the native step knows (llama, qwen2, qwen3)"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"its MLP's activation is {config.hidden_act}, not SiLU"
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        return f"its architecture ({kind}) is not one the native step knows ({', '.join(FAMILIES)})"
+    activation = base.model.layers[0].mlp.act_fn
+    if not isinstance(activation, SILU):
+        return f"its MLP's activation is {type(activation).__name__}, not SiLU"
+    layer_types = set(getattr(config, "layer_types", None) or [FULL])
     if layer_types != {FULL}:
         return f"it has {', '.join(sorted(layer_types - {FULL}))} layers (the native step runs full attention only)"
-    if getattr(config, "pretraining_tp", 1) not in (None, 1):
-        return "it splits its linear layers for tensor-parallel pretraining (pretraining_tp > 1)"
     return None
 
 
@@ -42,12 +46,28 @@ def llama_of(model) -> nn.Module:
     return getattr(model, "base", model)
 
 
-def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op: float32 statistics, the weight applied in x's dtype."""
+@dataclass(frozen=True, slots=True)
+class Norm:
+    """An RMSNorm's weight and epsilon, read once from transformers' module."""
+
+    weight: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Norm:
+        return cls(module.weight, module.variance_epsilon)
+
+
+def rms_norm(norm: Norm, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: float32 statistics, the weight applied in x's dtype. In float32, torch's
+    rms_norm takes the same ops in one call (the same bits: the native step's tests compare them); in another
+    dtype, transformers' ops one by one. (Qwen3's per-head norms are called as modules: two calls a layer.)"""
+    if x.dtype == norm.weight.dtype == torch.float32:
+        return nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    x = x * torch.rsqrt(variance + norm.eps)
     return norm.weight * x.to(dtype)
 
 
@@ -65,15 +85,57 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[1, kv_heads, K, d] → [1, kv_heads · groups, K, d]: each key head once per query head it serves."""
-    batch, heads, keys, dim = x.shape
-    return x[:, :, None].expand(batch, heads, groups, keys, dim).reshape(batch, heads * groups, keys, dim)
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One decoder layer's parts, looked up once (a module attribute costs a dictionary walk a call): its norms,
+    its linear layers, Qwen3's head norms, and its pages of the pool."""
+
+    attention_norm: Norm
+    mlp_norm: Norm
+    qkv: tuple  # q_proj, k_proj, v_proj modules
+    o_proj: object  # a linear layer's forward
+    gate_up: tuple  # gate_proj, up_proj modules
+    down_proj: object
+    q_norm: nn.Module | None  # Qwen3's per-head norms of q and k
+    k_norm: nn.Module | None
+    k_cache: torch.Tensor  # [slots, kv_heads, d]: the pool's token view of this layer's keys
+    v_cache: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor]) -> Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(
+            Norm.of(layer.input_layernorm),
+            Norm.of(layer.post_attention_layernorm),
+            (attn.q_proj, attn.k_proj, attn.v_proj),
+            attn.o_proj.forward,
+            (mlp.gate_proj, mlp.up_proj),
+            mlp.down_proj.forward,
+            getattr(attn, "q_norm", None),
+            getattr(attn, "k_norm", None),
+            *kv,
+        )
+
+
+def project(layers: tuple, x: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """Linear layers that read the same input, on x [1, T, D] → (their outputs side by side [1, T, Σ out] when
+    one int4 call made them all (loading/quantize.py Int4Siblings.joined), else None; each output [1, T, out])."""
+    siblings = getattr(layers[0], "siblings", None)
+    joined = siblings.joined(x) if siblings is not None and tuple(siblings.layers) == layers else None
+    if joined is None:
+        return None, [layer.forward(x) for layer in layers]
+    joined = joined.view(*x.shape[:-1], -1)
+    return joined, list(joined.split(siblings.widths, dim=-1))
+
+
+PACKED, ROW_BY_ROW = "packed", "row by row"  # how a step's queries meet their keys, besides DecodeRows
 
 
 class NativeLlama:
     """The native step over a transformers Llama-family model's modules and the engine's pool. `run(step)`
     → logits [kept tokens, vocab]; it writes each new token's K and V into the pool as it goes."""
+
+    name = "native"
 
     def __init__(self, model, pool):
         why = native_support(model)
@@ -81,90 +143,86 @@ class NativeLlama:
             raise ValueError(f"the native decoder cannot run this model: {why}")
         self.model = model  # the test model's stand-in step time is read from it each step
         base = llama_of(model)
-        config = base.config
-        self.body, self.head = base.model, base.lm_head
-        self.layers = list(self.body.layers[: config.num_hidden_layers])
+        config, body = base.config, base.model
+        self.embed, self.rotary, self.norm, self.head = (
+            body.embed_tokens,
+            body.rotary_emb,
+            Norm.of(body.norm),
+            base.lm_head,
+        )
+        layers = list(body.layers[: config.num_hidden_layers])
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
-        self.scaling = self.layers[0].self_attn.scaling
+        self.scaling = layers[0].self_attn.scaling
         allocator = pool.cache.cache_allocators[FULL]
+        self.read_trash = allocator.read_trash_index  # a slot never written: zeros, what padding keys read
         # Each layer's K and V token views of the pool's flat tensor: [slots, kv_heads, head_dim].
-        self.kv = [allocator._kv_token_views[layer.self_attn.layer_idx] for layer in self.layers]
+        self.layers = [Layer.of(layer, allocator._kv_token_views[layer.self_attn.layer_idx]) for layer in layers]
+
+    def inspects(self) -> bool:
+        return True  # every step can hand its queries and keys to an attention probe
+
+    def needs_mask(self, step: PagedStep) -> bool:
+        """Whether `step` needs its packed [1, 1, T, K] mask: not when its decode rows attend alone."""
+        return self._attention(step) is not DecodeRows
 
     def run(self, step: PagedStep) -> torch.Tensor:
         delay = getattr(self.model, "delay_s", 0)
         if delay:  # the test model stands in for a bigger model's step time
             time.sleep(delay)
-        h = self.body.embed_tokens(step.ids[None])  # [1, T, D]
+        h = self.embed(step.ids[None])  # [1, T, D]
         # cos, sin [1, T, d]: the model's own rotary module (its scaling rule), once a step
-        cos, sin = rotation(*self.body.rotary_emb(h, position_ids=step.positions[None]))
-        attend = self._attention(step)
-        for layer, (k_cache, v_cache) in zip(self.layers, self.kv):
-            h = self._layer(layer, h, cos, sin, k_cache, v_cache, step, attend)
-        h = rms_norm(self.body.norm, h)
-        kept = h if isinstance(step.keep, int) and step.keep == 0 else h[:, step.keep]  # [1, N, D]
+        cos, sin = rotation(*self.rotary(h, position_ids=step.positions[None]))
+        mode = self._attention(step)
+        attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype) if mode is DecodeRows else mode
+        for layer in self.layers:
+            h = self._layer(layer, h, cos, sin, step, attend)
+        kept = slice_logits_to_keep(rms_norm(self.norm, h), step.keep)  # [1, N, D], as transformers slices
         return self.head(kept)[0]  # [N, vocab]
 
-    def _attention(self, step: PagedStep):
-        """How this step's queries meet their keys, chosen once a step: row by row in batch-invariant mode;
-        each decode row over its own keys (gathered, no repeated heads, no block-diagonal waste) when the
-        step is decode tokens only and nothing is inspected; else the packed batch under its mask."""
+    @staticmethod
+    def _attention(step: PagedStep):
+        """How this step's queries meet their keys: row by row in batch-invariant mode; each decode row over its
+        own gathered keys (DecodeRows: no block-diagonal waste, no key head copied per query head) when the step
+        is decode tokens only and nothing is inspected; else the packed batch under its mask."""
         if invariant.row_by_row_active():
-            return self._attend_rows
-        if step.decode_rows and step.probe is None:
-            return DecodeRows(step, self.head_dim).attend
-        return None  # the packed path: the layer reads back the step's keys itself
+            return ROW_BY_ROW
+        return DecodeRows if step.decode_rows and step.probe is None else PACKED
 
-    def _layer(self, layer, h, cos, sin, k_cache, v_cache, step: PagedStep, attend) -> torch.Tensor:
+    def _layer(self, layer: Layer, h, cos, sin, step: PagedStep, attend) -> torch.Tensor:
         """One decoder layer on h [1, T, D] → [1, T, D]; writes the step's K and V into this layer's pages."""
-        attn, mlp = layer.self_attn, layer.mlp
-        x = rms_norm(layer.input_layernorm, h)
-        qk, v = self._project_qkv(attn, x)  # [1, T, heads + kv_heads, d], [1, kv_heads, T, d]
+        x = rms_norm(layer.attention_norm, h)
+        qk, v = self._project_qkv(layer, x)  # [1, T, heads + kv_heads, d], [1, kv_heads, T, d]
         qk = rotate(qk.transpose(1, 2), cos, sin)  # q's heads and k's rotated together: [1, heads + kv_heads, T, d]
         q, k = qk[:, : self.heads], qk[:, self.heads :]  # [1, heads, T, d], [1, kv_heads, T, d]
-        if attend is not None and attend != self._attend_rows:  # decode rows: write, then gather per row
-            self._write(k, v, k_cache, v_cache, step)
-            out = attend(q, k_cache, v_cache, self._attend)
+        if isinstance(attend, DecodeRows):  # write, then gather each row's keys
+            self._write(k, v, layer.k_cache, layer.v_cache, step)
+            out = attend.attend(q, layer.k_cache, layer.v_cache, self._attend)
         else:
-            keys, values = self._cache(k, v, k_cache, v_cache, step)  # [1, kv_heads, K, d]
+            keys, values = self._cache(k, v, layer.k_cache, layer.v_cache, step)  # [1, kv_heads, K, d]
             if step.probe is not None:
                 step.probe.capture(q, keys, step.mask, self.scaling)
-            if attend is None:
-                out = self._attend(q, keys, values, step.mask)  # [1, T, heads, d]
+            if attend == ROW_BY_ROW:
+                out = self._attend_rows(q, keys, values, step)
             else:
-                out = attend(q, keys, values, step)
-        h = h + attn.o_proj.forward(out.reshape(*h.shape[:-1], -1).contiguous())
-        x = rms_norm(layer.post_attention_layernorm, h)
-        gate, up = self._project(mlp, ("gate_proj", "up_proj"), x)
-        return h + mlp.down_proj.forward(nn.functional.silu(gate) * up)
+                out = self._attend(q, keys, values, step.mask)  # [1, T, heads, d]
+        h = h + layer.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
+        _, (gate, up) = project(layer.gate_up, rms_norm(layer.mlp_norm, h))
+        return h + layer.down_proj(nn.functional.silu(gate) * up)
 
-    def _project_qkv(self, attn, x) -> tuple[torch.Tensor, torch.Tensor]:
+    def _project_qkv(self, layer: Layer, x) -> tuple[torch.Tensor, torch.Tensor]:
         """x [1, T, D] → q's and k's heads side by side [1, T, heads + kv_heads, d] (Qwen3: each head normalized
-        first) and v [1, kv_heads, T, d]. Joined int4 projections come as one tensor already; else q, k are joined."""
+        first) and v [1, kv_heads, T, d]. A joined int4 call already holds them side by side; else q, k are cat."""
         tokens = x.shape[1]
-        q, k, v = self._project(attn, ("q_proj", "k_proj", "v_proj"), x)
-        q, k, v = (t.view(1, tokens, -1, self.head_dim) for t in (q, k, v))
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        if q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() and k.stride() == q.stride():
-            qk = q.as_strided(
-                (1, tokens, self.heads + self.kv_heads, self.head_dim), q.stride()
-            )  # already side by side
-        else:
-            qk = torch.cat((q, k), dim=2)
-        return qk, v.transpose(1, 2)
-
-    @staticmethod
-    def _project(module, names: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
-        """The named linear layers of `module` on x: one int4 call where they are joined siblings
-        (loading/quantize.py), else each layer's own forward. → each output, [1, T, its out_features]."""
-        layers = [getattr(module, name) for name in names]
-        siblings = getattr(layers[0], "siblings", None)
-        joined = siblings.joined(x) if siblings is not None and siblings.layers == layers else None
-        if joined is None:
-            return [layer.forward(x) for layer in layers]
-        return list(joined.view(*x.shape[:-1], -1).split(siblings.widths, dim=-1))
+        joined, outputs = project(layer.qkv, x)
+        q, k, v = (t.view(1, tokens, -1, self.head_dim) for t in outputs)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        elif joined is not None:  # [1, T, q | k | v]: q's and k's heads are its first heads + kv_heads
+            qk = joined[..., : (self.heads + self.kv_heads) * self.head_dim]
+            return qk.view(1, tokens, -1, self.head_dim), v.transpose(1, 2)
+        return torch.cat((q, k), dim=2), v.transpose(1, 2)
 
     @staticmethod
     def _write(k, v, k_cache, v_cache, step: PagedStep) -> None:
@@ -172,29 +230,28 @@ class NativeLlama:
         k_cache.index_copy_(0, step.write, k.squeeze(0).transpose(0, 1))
         v_cache.index_copy_(0, step.write, v.squeeze(0).transpose(0, 1))
 
-    @staticmethod
-    def _cache(k, v, k_cache, v_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cache(self, k, v, k_cache, v_cache, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's k, v [1, kv_heads, T, d] to their slots; → every row's keys and values as read
         back from the pool, [1, kv_heads, K, d] (the new ones alone when no row has a past)."""
-        k, v = (x.squeeze(0).transpose(0, 1) for x in (k, v))  # [T, kv_heads, d]
-        k_cache.index_copy_(0, step.write, k)
-        v_cache.index_copy_(0, step.write, v)
-        if step.read.numel():
-            k, v = k_cache.index_select(0, step.read), v_cache.index_select(0, step.read)  # [K, kv_heads, d]
+        self._write(k, v, k_cache, v_cache, step)
+        if not step.read.numel():
+            return k, v
+        k, v = k_cache.index_select(0, step.read), v_cache.index_select(0, step.read)  # [K, kv_heads, d]
         return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
 
     def _attend(self, q, keys, values, mask) -> torch.Tensor:
-        """sdpa with the grouped heads arranged as transformers' sdpa integration arranges them: without a
-        mask, sdpa's own grouped-query mode; one query, query heads packed per key head; more, keys repeated."""
+        """sdpa with the grouped heads arranged as transformers' sdpa integration arranges them (its own rule:
+        sdpa's grouped-query mode where the device takes it, else one query's heads packed per key head, else
+        the keys repeated). q [b, heads, T, d], keys and values [b, kv_heads, K, d] → [b, T, heads, d]."""
         batch, tokens, grouped = q.shape[0], q.shape[2], {}
-        if self.groups > 1 and mask is None:
+        if self.groups > 1 and use_gqa_in_sdpa(mask, keys, values):
             grouped["enable_gqa"] = True
         elif self.groups > 1 and tokens == 1:
-            q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)  # [b, kv_heads, groups, d]
+            q, mask = pack_gqa(q, self.groups), pack_gqa(mask, self.groups)  # [b, kv_heads, groups, d]
         elif self.groups > 1:
             keys, values = repeat_kv(keys, self.groups), repeat_kv(values, self.groups)
         out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, **grouped)
-        return out.reshape(batch, -1, tokens, self.head_dim).transpose(1, 2).contiguous()  # [b, T, heads, d]
+        return out.reshape(batch, -1, tokens, self.head_dim).transpose(1, 2).contiguous()
 
     def _attend_rows(self, q, keys, values, step: PagedStep) -> torch.Tensor:
         """Batch-invariant attention: each row's queries over its own keys only, at shapes of its own
@@ -215,21 +272,22 @@ class NativeLlama:
 
 
 class DecodeRows:
-    """A decode step's rows (one query each) laid side by side: row r's keys are its own L_r cached positions,
-    gathered into [R, kv_heads, L, d] (L the longest row's count, the rest padded with the first slot and
-    masked), so attention costs R·L instead of the packed batch's R·ΣL and no key head is copied per query
-    head. One row alone is transformers' own decode attention (the same shapes and mask)."""
+    """A decode step's rows (one query each) side by side: row r's keys are its own L_r cached positions,
+    gathered into [R, kv_heads, L, d] (L the longest row's count, the rest padded with the read-trash slot,
+    zeros, and masked), so attention costs R·L instead of the packed batch's R·ΣL and no key head is copied per
+    query head. One row alone is transformers' own decode attention (the same shapes and mask). A row's bits
+    do not depend on what the other rows hold, but may on their lengths (L sets how sdpa blocks its sums)."""
 
-    def __init__(self, step: PagedStep, head_dim: int):
+    def __init__(self, step: PagedStep, head_dim: int, pad_slot: int, dtype: torch.dtype):
         cu = step.cu_k.long()
         lengths = cu[1:] - cu[:-1]  # [R]
         width = step.max_k
         cols = torch.arange(width, device=cu.device)
         seen = cols[None, :] < lengths[:, None]  # [R, L]
-        at = (cu[:-1, None] + cols[None, :]).clamp_(max=max(step.read.numel() - 1, 0))
-        self.slots = step.read[at].masked_fill_(~seen, 0).flatten()  # [R·L] pool slots (padding: slot 0)
-        zero = torch.zeros((), dtype=step.mask.dtype, device=cu.device)
-        self.mask = torch.where(seen, zero, torch.finfo(step.mask.dtype).min)[:, None, None, :]  # [R, 1, 1, L]
+        at = (cu[:-1, None] + cols[None, :]).clamp_(max=step.read.numel() - 1)
+        self.slots = step.read[at].masked_fill_(~seen, pad_slot).flatten()  # [R·L] pool slots
+        zero = torch.zeros((), dtype=dtype, device=cu.device)
+        self.mask = torch.where(seen, zero, torch.finfo(dtype).min)[:, None, None, :]  # [R, 1, 1, L]
         self.rows, self.width, self.head_dim = lengths.numel(), width, head_dim
 
     def attend(self, q, k_cache, v_cache, attend) -> torch.Tensor:

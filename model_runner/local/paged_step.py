@@ -17,7 +17,9 @@ class PagedStep:
 
     ids: torch.Tensor  # [T] token ids
     positions: torch.Tensor  # [T] each token's position in its request
-    mask: torch.Tensor  # [1, 1, T, K] additive: 0 where a token sees a key, the dtype's minimum elsewhere
+    # [1, 1, T, K] additive: 0 where a token sees a key, the dtype's minimum elsewhere; None where the decoder
+    # does not read it (Decoder.needs_mask: the native step's decode rows build their own)
+    mask: torch.Tensor | None
     cu_q: torch.Tensor  # [R + 1] int32 cumulative new tokens per row
     cu_k: torch.Tensor  # [R + 1] int32 cumulative keys per row (its past and its new tokens)
     max_q: int
@@ -37,4 +39,10 @@ class Decoder(Protocol):
     name: str  # "native" or "transformers", as /api/model shows it
 
     def run(self, step: PagedStep) -> torch.Tensor:  # [kept tokens, vocab]
+        ...
+
+    def inspects(self) -> bool:  # whether a step's attention probe (local/attention_inspect.py) is filled
+        ...
+
+    def needs_mask(self, step: PagedStep) -> bool:  # whether `step` must carry its packed mask
         ...

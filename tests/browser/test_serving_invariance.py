@@ -133,7 +133,7 @@ def check_drawn(page, response: dict, recorded_on: dict | None = None) -> None:
     )
     loads = [recorded_on["load_1m"], recorded_on["load_1m_end"]] if recorded_on else [response["machine"]["load_1m"]]
     expect(section.locator(".sv-inv-source")).to_contain_text(
-        f"{result['requests']} questions of {result['new_tokens']} tokens, load {' → '.join(fixed(x, 2) for x in loads)}"
+        f"{result['requests']} questions, up to {result['new_tokens']} new tokens each, load {' → '.join(fixed(x, 2) for x in loads)}"
     )
     for name in ("default", "invariant"):
         run = result["runs"][name]

@@ -175,3 +175,14 @@ def test_batching_refuses_what_it_cannot_do_in_one_line(capsys):
         assert main(["bench", "--model", "fake", "--batching", "--no-progress", *extra]) == 2
         err = capsys.readouterr().err
         assert err.startswith("kvscope: error: ") and err.count("\n") == 1
+
+
+def test_transformers_generate_batch_runs_beside_an_engine_on_kvscopes_attention():
+    from model_runner.loading import loader
+    from model_runner.local.attention_inspect import IMPLEMENTATION, register
+
+    model = loader.load("fake", "cpu", "auto").model.base  # the test model's real Llama
+    model.set_attn_implementation(register())  # as the engine's transformers decoder leaves it
+    run = baselines.hf_generate_batch(model, [[5, 6, 7], [8, 9]], 3, frozenset({0}), 16, 16, 64)
+    assert [len(tokens) for tokens in run.token_ids] == [3, 3]
+    assert model.config._attn_implementation == IMPLEMENTATION  # the engine's attention put back

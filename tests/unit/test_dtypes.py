@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 import torch
@@ -343,3 +344,30 @@ def test_serve_s_preflight_on_cuda_leaves_cuda_uninitialised_for_gunicorn_s_fork
     loader.preflight("default", "cuda", "auto")
     with pytest.raises(UserError, match="--dtype int8 is a CPU route"):  # a named dtype is still checked
         loader.preflight("default", "cuda", "int8")
+
+
+def test_bench_dtypes_compares_the_native_decoder_with_transformers_on_one_route(tmp_path, capsys, one_torch_thread):
+    out = tmp_path / "decoders.json"
+    args = argparse.Namespace(
+        dtypes="float32:transformers,float32:native", model="fake", device="auto", prompt_lens=(24,),
+        output_lens=(6,), concurrency=(2,), repeats=1, json=str(out), via_websocket=None, batching=False,
+        class_scenario=False, quick=False,
+    )  # fmt: skip
+    assert bench_dtypes.run_dtypes(args) == 0
+    report = json.loads(out.read_text())
+    rows = report["routes"]
+    assert [rows[r]["decoder"]["name"] for r in rows] == ["transformers", "native"]
+    assert rows["float32:native"]["agreement"]["identical_share"] == 1.0
+    lone = report["ratios"]["lone_float32:native_over_float32:transformers"]
+    batched = report["ratios"]["batched_float32:native_over_float32:transformers"]
+    assert (lone["target"], batched["target"]) == (1.25, 1.2)  # the native step's targets, not int4's over float32
+    assert "decoder: native (the native step" in capsys.readouterr().out
+
+
+def test_a_route_names_its_decoder_by_one_of_the_choices():
+    assert bench_dtypes.parse_routes("auto:transformers,auto") == ["auto:transformers", "auto"]
+    assert bench_dtypes.split_route("auto") == ("auto", "auto")
+    with pytest.raises(UserError, match=re.escape("each optionally with :auto|:native|:transformers")) as bad:
+        bench_dtypes.parse_routes("auto:fast,auto")
+    assert bad.value.field == "dtypes"
+    assert bench_dtypes.goals_over("int4", "float32") == (bench_dtypes.LONE_GOAL, bench_dtypes.BATCHED_GOAL)

@@ -61,7 +61,7 @@ function partingParts(p) {
     ' apart in logits alone and ', [formatFixed(Math.abs(b), 4), 'computed'],
     otherWay ? ' apart the other way in the batch' : ' apart in the batch'];
   if (Math.max(Math.abs(a), Math.abs(b)) < NEAR_TIE) {
-    parts.push(': a near-tie (under ', [formatFixed(NEAR_TIE, 1), 'computed'], ' logits), tipped by a changed sum.');
+    parts.push(': a near-tie (under ', [formatFixed(NEAR_TIE, 1), 'setting'], ' logits), tipped by a changed sum.');
   } else {
     parts.push('.');
   }

@@ -38,10 +38,10 @@ function sourceLine(node, response, recordedOn) {
     value(node, m.device || m.cpu || 'this server', 'measured', 'sv-source-detail');
   }
   node.append(', ');
-  value(node, formatInt(r.requests), 'measured');
-  node.append(' questions of ');
-  value(node, formatInt(r.new_tokens), 'measured');
-  node.append(' tokens, load ');
+  value(node, formatInt(r.requests), 'setting');
+  node.append(' questions, up to ');
+  value(node, formatInt(r.new_tokens), 'setting');
+  node.append(' new tokens each, load ');
   const loads = loadsOf(m, recordedOn);
   value(node, loads.length ? loadText(loads) : MISSING, 'measured');
   node.append(' ');
