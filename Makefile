@@ -95,7 +95,8 @@ test-vllm: install-test chromium $(VLLM_VENV)/.installed
 test-portability: install-test
 	@set -e; tests="tests/unit/test_static_step.py tests/unit/test_batching.py tests/unit/test_dtypes.py \
 	  tests/unit/test_quantize_siblings.py tests/model/test_static_step_model.py tests/model/test_batching_model.py \
-	  tests/model/test_quality_guard.py tests/model/test_speculative.py tests/model/test_bench_model.py"; \
+	  tests/model/test_quality_guard.py tests/model/test_speculative.py tests/model/test_bench_model.py \
+	  tests/unit/test_native_decoder.py tests/model/test_native_decoder_model.py"; \
 	for caps in "avx512 AVX512 AVX512_CORE" "avx2 AVX2 AVX2" "default SSE4_2 SSE41"; do set -- $$caps; \
 	  echo "==> torch kernels forced to $$1"; \
 	  ATEN_CPU_CAPABILITY=$$1 MKL_ENABLE_INSTRUCTIONS=$$2 ONEDNN_MAX_CPU_ISA=$$3 \

@@ -1,12 +1,13 @@
 """Classroom mode over HTTP: the projected /class page and its QR code, /api/class with the teacher's
-controls (behind a key compared in constant time, never logged), the laptop cookie, and the seat each
-WebSocket gets. The room itself (settings, seats, caps, counters) is app/classroom/room.py, without Flask;
+controls (behind a key compared in constant time, never logged; batch-invariant mode among them), the
+laptop cookie, and the seat each WebSocket gets. The room itself (settings, seats, caps, counters) is app/classroom/room.py, without Flask;
 errors answer through the app's one mapping (app/errors.py: nested under `error`, `teacher_only` 403)."""
 
 from __future__ import annotations
 
 import hmac
 import io
+import logging
 import secrets
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, redirect, render_template, request
@@ -16,7 +17,9 @@ from app.engine_ext import get_engine
 from app.protocol import parse_json_object
 from app.security import is_loopback, origin_refusal
 from model_runner.errors import UserError
+from model_runner.fields import check_bool
 
+log = logging.getLogger(__name__)
 bp = Blueprint("classroom", __name__)
 
 KEY = "kvscope_class"
@@ -149,8 +152,29 @@ def class_state():
             "laptops": room.laptops,
             "settings": room.current().to_dict(),
             "policy": get_engine().snapshot()["policy"],
+            "batch_invariant": batch_invariant_state(),
         }
     )
+
+
+# ---- batch-invariant mode (a mode of the built-in engine) ------------------------------------------------
+
+NOT_ON_REMOTE = "batch-invariant mode is a mode of the built-in engine: a remote engine's server decides how it batches"
+
+
+def _mode_switch():
+    """The built-in engine, which can switch the mode; None on a remote engine."""
+    local = get_engine().local
+    return local if local is not None and hasattr(local, "set_batch_invariant") else None
+
+
+def batch_invariant_state() -> dict:
+    """The engine's own report of the mode (`on`, and when on `claimed` and what it rests on), as
+    GET /api/model gives it; on a remote engine off, with `why_unavailable`, so the page can say why."""
+    local = _mode_switch()
+    if local is None:
+        return {"on": False, "why_unavailable": NOT_ON_REMOTE}
+    return local.batch_invariance()
 
 
 # ---- the teacher's controls (checked by _only_the_teacher_changes_things) -------------------------------
@@ -176,6 +200,36 @@ def class_policy():
 def class_cancel_all():
     _body()  # a malformed body is still refused, as on every other control
     return jsonify({"cancelled": get_room().cancel_all()})
+
+
+@bp.post("/api/class/batch-invariant")
+def class_batch_invariant():
+    """Batch-invariant mode on or off, `{"on": bool}`; the engine refuses it while prefix caching is on.
+    Answers the mode now, and tells every class view on the feed that the teacher switched it."""
+    body = _body()
+    for name in body:
+        if name != "on":
+            raise UserError(f"`{name}` is not a field of this control; it takes only `on` (true or false)", field=name)
+    if "on" not in body:
+        raise UserError("`on` is required: true switches batch-invariant mode on, false off", field="on")
+    on = check_bool("on", body["on"])
+    local = _mode_switch()
+    if local is None:
+        raise UserError(NOT_ON_REMOTE, field="batch_invariant")
+    local.set_batch_invariant(on)
+    state = local.batch_invariance()
+    log.info("class: the teacher turned batch-invariant mode %s", "on" if on else "off")
+    _tell_the_class_views(state)
+    return jsonify({"batch_invariant": state})
+
+
+def _tell_the_class_views(state: dict) -> None:
+    """A class_state carrying the mode, to every feed subscriber (the class views): only this control
+    sends one with `batch_invariant`, so a view that sees the mode change knows the teacher changed it."""
+    room = get_room()
+    get_engine().feed.publish(
+        "class_state", laptops=room.laptops, settings=room.current().to_dict(), batch_invariant=state
+    )
 
 
 @bp.post("/api/class/stage")

@@ -1,7 +1,8 @@
 """The class view (/class) and the students' side of class mode, in Chromium against the fake model
 (its pure reducer: test_class_reducer.py): 12 simulated students whose lanes, batch grid and block
 map show up and whose counters agree with the server's; teacher controls refused without the key and
-working with it; a static-batching flip seen in the next steps; follow-the-teacher; no prompt text on
+working with it; a static-batching flip seen in the next steps; batch-invariant mode switched by keyboard
+(refused while prefix caching is on) and seen in /api/model; follow-the-teacher; no prompt text on
 the projector unless "show prompts" is on (and then a notice on the students' page); screenshots."""
 
 from __future__ import annotations
@@ -310,6 +311,61 @@ def test_prefix_caching_shows_shared_blocks(page, class_server, console_errors):
     for c, rid in zip(first + second, first_ids + second_ids):
         c.cancel(rid)
     finish(first + second, first_ids + second_ids)
+    assert console_errors == []
+
+
+def test_the_teacher_switches_batch_invariant_mode_by_keyboard(page, class_server, console_errors):
+    assert post(class_server, "/api/class/policy", {"prefix_caching": True}, key=KEY)[0] == 200
+    open_class(page, class_server)
+    toggle = page.locator('[data-control="batch_invariant"]')
+    reason = page.locator("[data-mode-reason]")
+    line = page.locator('[data-class-figure="mode"]')
+    more = page.locator("[data-more-controls] > summary")
+    more.focus()
+    page.keyboard.press("Enter")  # the toggle is under "More controls", with the other batching policies
+    # prefix caching on: the toggle waits, saying why; the room's line is hidden while the mode is off
+    expect(toggle).to_be_disabled(timeout=10_000)
+    expect(reason).to_contain_text("Turn prefix caching off first")
+    expect(line).to_be_hidden()
+    page.locator('[data-control="prefix_caching"]').focus()
+    page.keyboard.press("Space")
+    expect(toggle).to_be_enabled(timeout=10_000)
+    expect(reason).to_have_text("")
+    toggle.focus()
+    page.keyboard.press("Space")
+    expect(toggle).to_have_attribute("aria-pressed", "true", timeout=10_000)
+    assert page.evaluate("document.activeElement.dataset.control") == "batch_invariant"  # focus kept
+    assert get_json(class_server, "/api/model")["batch_invariant"]["on"] is True
+    expect(line).to_contain_text("The teacher turned batch-invariant mode on")
+    expect(page.locator("[data-control-status]")).to_have_text("Batch-invariant mode on.")
+    clients, rids = students(class_server, 2, max_new_tokens=100)
+    wait_until(lambda: lane_count(page) == 2, "two lanes in the mode")
+    # the first steps in the mode: the page asks again for what the engine's kernel check found
+    expect(line).to_contain_text("each answer is the one it would get alone", timeout=10_000)
+    expect(line).to_contain_text("prompts prefilled alone")
+    for size, name in (((1280, 720), "1280x720"), ((1920, 1080), "1920x1080"), ((375, 740), "375")):
+        page.set_viewport_size({"width": size[0], "height": size[1]})
+        page.locator('[data-class-figure="controls"]').scroll_into_view_if_needed()
+        screenshot(page, f"class-batch-invariant-{name}")
+    finish(clients, rids)
+    # in the mode the engine refuses prefix caching: the box goes back, the status line says why
+    page.set_viewport_size({"width": 1280, "height": 720})
+    prefix = page.locator('[data-control="prefix_caching"]')
+    prefix.focus()
+    page.keyboard.press("Space")
+    expect(page.locator('[data-control-status][data-ok="false"]')).to_contain_text("prefix caching stays off")
+    expect(prefix).not_to_be_checked()
+    # a reload shows the mode from /api/class, as the engine reports it, without claiming a switch
+    page.reload()
+    expect(toggle).to_have_attribute("aria-pressed", "true", timeout=20_000)
+    more.focus()
+    page.keyboard.press("Enter")
+    expect(line).to_contain_text("Batch-invariant mode is on: decode steps padded to")
+    toggle.focus()
+    page.keyboard.press("Enter")
+    expect(toggle).to_have_attribute("aria-pressed", "false", timeout=10_000)
+    assert get_json(class_server, "/api/model")["batch_invariant"] == {"on": False}
+    expect(line).to_contain_text("The teacher turned batch-invariant mode off")
     assert console_errors == []
 
 

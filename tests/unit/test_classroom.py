@@ -1,8 +1,9 @@
 """Classroom mode (app/classroom/routes.py, the room in app/classroom/room.py) over Flask's test client and fake
 sockets on the fake model: the teacher's key (constant-time, never logged), settings validation,
 pause and cancel-all through the engine, per-laptop cap and rate limit, "show prompts" per request,
-follow-me, the class_state / class_stats / engine_submit shapes, LAN Host names and "laptop N" labels;
-a remote engine (no `engine.local`) refuses pause and reports no tokens/s."""
+follow-me, the teacher's batch-invariant switch (through the engine, refused while prefix caching is on
+and on a remote engine, announced on the feed), the class_state / class_stats / engine_submit shapes, LAN
+Host names and "laptop N" labels; a remote engine (no `engine.local`) refuses pause and reports no tokens/s."""
 
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ TEACHER_ROUTES = [
     ("/api/class/policy", {"max_num_seqs": 2}),
     ("/api/class/cancel-all", {}),
     ("/api/class/stage", {"stage": "prefill"}),
+    ("/api/class/batch-invariant", {"on": True}),
 ]
 
 
@@ -147,6 +149,7 @@ def test_teacher_routes_refuse_without_the_key_and_change_nothing(fake_engine, p
         assert answer.status_code == 403
         assert answer.json["error"]["code"] == "teacher_only" and "teacher" in answer.json["error"]["message"]
     assert fake_engine.snapshot()["policy"] == policy and not fake_engine.paused
+    assert fake_engine.batch_invariance() == {"on": False}
 
 
 def test_the_key_in_the_url_becomes_a_strict_cookie_and_leaves_the_address_bar(fake_engine):
@@ -414,15 +417,110 @@ def test_prompt_text_reaches_the_feed_only_for_requests_sent_while_show_prompts_
     assert [e["show_prompts"] for e in laptop.ws.of_type("class_notice")] == [True, False]
 
 
+# ---- batch-invariant mode ------------------------------------------------------------------------------------
+
+
+class AsRemote:
+    """The fake engine as the app sees a remote one: no local controls (model_runner/interface.py)."""
+
+    local = None
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def switch(client, body, headers=TEACHER):
+    return client.post("/api/class/batch-invariant", json=body, headers=headers)
+
+
+def test_the_teacher_switches_batch_invariant_mode_on_and_off_as_api_model_and_api_class_report(engine_factory):
+    engine = engine_factory("fake")
+    client = class_app(engine).test_client()
+    assert client.get("/api/class").json["batch_invariant"] == {"on": False}
+    answer = switch(client, {"on": True})
+    assert answer.status_code == 200 and answer.json["batch_invariant"]["on"] is True
+    assert engine.batch_invariance()["on"] is True
+    assert client.get("/api/model").json["batch_invariant"]["on"] is True
+    # a request served in the mode: the engine's kernel check ran at the mode's fixed row count
+    assert events_of(engine.submit(ask(max_new_tokens=3), "in-the-mode"))[-1]["type"] == "finished"
+    report = client.get("/api/model").json["batch_invariant"]
+    assert report["claimed"] is True and report["rows"] == engine.policy.max_num_seqs
+    assert client.get("/api/class").json["batch_invariant"] == report  # what the page reads on a reload
+    off = switch(client, {"on": False})
+    assert off.status_code == 200 and off.json["batch_invariant"] == {"on": False}
+    assert client.get("/api/model").json["batch_invariant"] == {"on": False}
+    assert client.get("/api/class").json["batch_invariant"] == {"on": False}
+    assert engine.batch_invariance() == {"on": False}
+
+
+def test_the_switch_reaches_every_class_view_on_the_feed(engine_factory):
+    engine = engine_factory("fake")
+    client = class_app(engine).test_client()
+    feed = engine.feed.subscribe(capacity=1000)
+    try:
+        answer = switch(client, {"on": True}).json["batch_invariant"]
+        events = list(iter(lambda: feed.next_event(0), None))
+    finally:
+        feed.close()
+    states = [e for e in events if e["type"] == "class_state"]
+    assert len(states) == 1 and states[0]["batch_invariant"] == answer
+    assert set(states[0]) >= {"laptops", "settings"} and states[0]["settings"]["paused"] is False
+
+
+@pytest.mark.parametrize(
+    "body,field,says",
+    [
+        ({"on": "yes"}, "on", "`on` must be true or false"),
+        ({"on": 1}, "on", "`on` must be true or false"),
+        ({}, "on", "`on` is required"),
+        ({"on": None}, "on", "`on` must be true or false"),
+        ({"on": True, "rows": 8}, "rows", "takes only `on`"),
+    ],
+)
+def test_a_bad_switch_names_the_field_and_changes_nothing(fake_engine, body, field, says):
+    answer = switch(class_app(fake_engine).test_client(), body)
+    assert answer.status_code == 400
+    assert answer.json["error"]["field"] == field and says in answer.json["error"]["message"]
+    assert fake_engine.batch_invariance() == {"on": False}
+
+
+def test_the_switch_is_refused_while_prefix_caching_is_on_and_works_once_it_is_off(engine_factory):
+    engine = engine_factory("fake", policy=Policy(prefix_caching=True))
+    client = class_app(engine).test_client()
+    refused = switch(client, {"on": True})
+    assert refused.status_code == 400 and refused.json["error"]["field"] == "prefix_caching"
+    assert "turn prefix caching off" in refused.json["error"]["message"]
+    assert engine.batch_invariance() == {"on": False}
+    assert client.get("/api/class").json["batch_invariant"]["on"] is False
+    client.post("/api/class/policy", json={"prefix_caching": False}, headers=TEACHER)
+    assert switch(client, {"on": True}).json["batch_invariant"]["on"] is True
+    back = client.post("/api/class/policy", json={"prefix_caching": True}, headers=TEACHER)  # the mode keeps it off
+    assert back.status_code == 400 and back.json["error"]["field"] == "prefix_caching"
+
+
+def test_a_remote_engine_has_no_batch_invariant_mode_and_says_so_by_name(fake_engine):
+    client = class_app(AsRemote(fake_engine)).test_client()
+    state = client.get("/api/class").json["batch_invariant"]
+    assert state["on"] is False and "built-in engine" in state["why_unavailable"]
+    refused = switch(client, {"on": True})
+    assert refused.status_code == 400 and refused.json["error"]["field"] == "batch_invariant"
+    assert "batch-invariant mode is a mode of the built-in engine" in refused.json["error"]["message"]
+    assert fake_engine.batch_invariance() == {"on": False}
+
+
 # ---- shapes the class page reads ----------------------------------------------------------------------------
 
 
 def test_api_class_shape(fake_engine):
     state = class_app(fake_engine).test_client().get("/api/class").json
-    assert set(state) == {"class_mode", "join_url", "teacher", "laptops", "settings", "policy"}
+    assert set(state) == {"class_mode", "join_url", "teacher", "laptops", "settings", "policy", "batch_invariant"}
     assert state["join_url"] == f"http://{LAN}:8000/" and state["class_mode"] is True
     assert set(state["settings"]) == {"paused", "show_prompts", "per_laptop_cap", "rate_per_min", "follow_stage"}
     assert state["policy"] == fake_engine.snapshot()["policy"]
+    assert state["batch_invariant"] == fake_engine.batch_invariance() == {"on": False}
 
 
 def test_subscribers_get_class_state_then_class_stats_and_engine_submit(fake_engine, laptops):

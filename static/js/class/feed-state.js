@@ -22,6 +22,8 @@ export function createClassState() {
     stats: null, // the last class_stats: the server's counters and percentiles
     laptops: null,
     settings: null,
+    batchInvariant: null, // the engine's batch-invariant mode: {on, claimed, rows, …} or {on: false, why_unavailable}
+    modeSwitched: null, // {on}: the mode changed while this page watched (only the teacher's control says so)
     dropped: 0, // feed events lost before reaching this page (from the events' `dropped` fields)
     lastStep: null, // {step, ms, batchTokens, batchSize}
     version: 0, // bumped on every change, so views redraw only when something moved
@@ -230,6 +232,12 @@ const HANDLERS = {
   class_state(state, e) {
     state.laptops = e.laptops ?? state.laptops;
     state.settings = e.settings || state.settings;
+    const mode = e.batch_invariant;
+    if (mode && typeof mode === 'object') {
+      const before = state.batchInvariant;
+      if (before && !!before.on !== !!mode.on) state.modeSwitched = { on: !!mode.on };
+      state.batchInvariant = mode;
+    }
   },
   class_stats(state, e) {
     state.stats = e;

@@ -4,9 +4,11 @@
 // connection's status. A closed socket is reopened after a pause, from a fresh state.
 import { defineFigure } from '../shared/figure.js';
 import { wsUrl } from '../ws-client.js';
+import { FEED } from '../shared/protocol.js';
 import { applyEvent, createClassState } from './feed-state.js';
 
 const RETRY_MS = 2000;
+const MODE_ASK_MS = 1000; // at most one question a second about the mode's kernel check
 export const STATE_EVENT = 'kvscope:class-state';
 
 let current = null; // the mounted feed's state, for controls that read the latest settings
@@ -24,6 +26,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
   let pending = 0;
   let state = createClassState();
   current = state;
+  let askedModeAt = -Infinity;
 
   function say(status, text) {
     el.dataset.status = status;
@@ -44,15 +47,27 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     changed();
   }
 
-  // The class settings and the number of laptops, before the first class_state arrives on the feed.
+  // The class settings, the number of laptops and the engine's batch-invariant mode, before the feed's
+  // first class_state (which carries the mode only when the teacher switches it).
   async function loadClass() {
     try {
       const res = await fetch('/api/class', { signal: figure.signal });
       if (!res.ok) return;
       const info = await res.json();
-      apply({ type: 'class_state', laptops: info.laptops, settings: info.settings });
+      apply({ type: 'class_state', laptops: info.laptops, settings: info.settings,
+        batch_invariant: info.batch_invariant });
       if (info.policy) apply({ type: 'engine_policy', policy: info.policy });
     } catch { /* the feed's class_state says the same once it comes */ }
+  }
+
+  // The engine checks the mode's kernels as its next step starts (model_runner/local/invariant.py): a
+  // mode switched on before that says nothing of its claim, so the first step after it asks again.
+  async function refreshMode() {
+    askedModeAt = performance.now();
+    try {
+      const res = await fetch('/api/class', { signal: figure.signal });
+      if (res.ok) apply({ type: 'class_state', batch_invariant: (await res.json()).batch_invariant });
+    } catch { /* a later step asks again */ }
   }
 
   function connect() {
@@ -69,6 +84,9 @@ export const { mount, destroy } = defineFigure((el, figure) => {
       let event;
       try { event = JSON.parse(msg.data); } catch { return; }
       apply(event);
+      const mode = state.batchInvariant;
+      const unchecked = mode?.on && mode.claimed == null;
+      if (event?.type === FEED.ENGINE_STEP && unchecked && performance.now() - askedModeAt > MODE_ASK_MS) refreshMode();
     });
     figure.listen(socket, 'close', () => {
       say('closed', `The engine feed closed; reconnecting in ${RETRY_MS / 1000} s…`);

@@ -7,9 +7,10 @@ import * as lanes from './lanes.js';
 import * as batchGrid from './batch-grid.js';
 import * as blockMap from './block-map.js';
 import * as controls from './controls.js';
+import * as mode from './mode.js';
 
 // Figures first, so they are listening when the feed's first state arrives.
-const figures = { join, counters, lanes, 'batch-grid': batchGrid, 'block-map': blockMap, controls, feed };
+const figures = { join, counters, lanes, 'batch-grid': batchGrid, 'block-map': blockMap, controls, mode, feed };
 
 export function mountAll(root = document) {
   for (const [name, figure] of Object.entries(figures)) {

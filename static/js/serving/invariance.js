@@ -7,7 +7,7 @@ import { html } from '../shared/dom.js';
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { runExperiment, listExperiments } from './data.js';
 import { CLAIMS, MODES, agreement, gapText, loadText, loadsOf, rateText } from './invariance-math.js';
-import { clear, table, tag, value } from './view.js';
+import { clear, setting, table, tag, value } from './view.js';
 
 export const NAME = 'batch_invariance';
 export const TRACE_URL = new URL('../../data/invariance-trace.json', import.meta.url);
@@ -38,9 +38,9 @@ function sourceLine(node, response, recordedOn) {
     value(node, m.device || m.cpu || 'this server', 'measured', 'sv-source-detail');
   }
   node.append(', ');
-  value(node, formatInt(r.requests), 'setting');
+  setting(node, formatInt(r.requests));
   node.append(' questions, up to ');
-  value(node, formatInt(r.new_tokens), 'setting');
+  setting(node, formatInt(r.new_tokens));
   node.append(' new tokens each, load ');
   const loads = loadsOf(m, recordedOn);
   value(node, loads.length ? loadText(loads) : MISSING, 'measured');
@@ -103,6 +103,7 @@ function drawClaims(nodes, response, recordedOn) {
     node.hidden = false;
     for (const part of c.parts) {
       if (typeof part === 'string') node.append(part);
+      else if (part[1] === 'setting') setting(node, part[0]); // a threshold or input the run was given
       else value(node, part[0], part[1]);
     }
   }

@@ -54,7 +54,7 @@ const SPEC = /* protocol-json */ {
     "engine_preempt": ["request", "label", "blocks_freed"],
     "engine_end": ["request", "label", "outcome", "reason", "cause", "tokens", "blocks_freed", "answer"],
     "engine_policy": ["policy"],
-    "class_state": ["laptops", "settings"],
+    "class_state": ["laptops", "settings", "batch_invariant"],
     "class_stats": ["waiting", "running", "finished", "cancelled", "errors", "tokens_per_s", "ttft_ms", "tpot_ms",
                     "window_s", "feed_dropped"],
     "class_notice": ["show_prompts"],
@@ -64,7 +64,7 @@ const SPEC = /* protocol-json */ {
   "kv": ["total", "used", "cached", "free", "block_size", "bytes_per_block"],
   "policy": ["batching", "max_num_seqs", "max_batch_tokens", "chunked_prefill", "chunk_size", "prefix_caching"],
   "class_settings": ["paused", "show_prompts", "per_laptop_cap", "rate_per_min", "follow_stage"],
-  "class_info": ["class_mode", "join_url", "teacher", "laptops", "settings", "policy"],
+  "class_info": ["class_mode", "join_url", "teacher", "laptops", "settings", "policy", "batch_invariant"],
   "experiments_list": ["busy", "experiments", "name", "title", "available", "why_unavailable"]
 } /* /protocol-json */;
 
