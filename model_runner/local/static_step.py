@@ -55,7 +55,7 @@ class StaticDecodeStep:
     host-to-device copy) and returns its bucket; `run(bucket)` is the capturable part: the device work only."""
 
     def __init__(self, model, pool: PagedKVPool, max_rows: int = MAX_ROWS, decoder: Decoder | None = None):
-        decoder = decoder or decoder_for(model, pool)  # the engine's choice (local/decoders.py), made once
+        decoder = decoder or decoder_for(model, pool)  # none given (a test): auto, as the engine would choose
         self.model, self.pool, self.decoder = model, pool, decoder
         self.device = model.device
         self.max_rows = pad_to_pow2(max_rows, max_rows)

@@ -245,3 +245,26 @@ def test_serve_refuses_a_decoder_for_a_remote_engine(capsys):
 
     assert main(["serve", "--engine", "openai:http://127.0.0.1:9", "--decoder", "native"]) == 2
     assert "--decoder chooses the built-in engine's decoder, not --engine's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("decoder", ["native", "transformers"])
+def test_chunked_prefill_prefix_caching_and_preemption_serve_the_script_on_either_decoder(engine_factory, decoder):
+    # Six requests sharing a long system prompt in a pool too small for all of them at once: prefixes shared,
+    # prompts chunked beside decodes, some requests preempted and replayed, on each decoder.
+    from kvscope_testkit import blocks_mb, events_of
+
+    from model_runner.loading.fake import ANSWER
+    from model_runner.shared.policy import Policy
+
+    policy = Policy(max_num_seqs=6, chunked_prefill=True, chunk_size=16, prefix_caching=True)
+    engine = engine_factory("fake", decoder=decoder, kv_cache_mb=blocks_mb(24), policy=policy)
+    system = "You answer questions about caches, briefly and kindly. " * 2
+    first = engine.submit(ask("question 0", system=system, max_new_tokens=60), "r0")
+    while first.next_event(30).type != "token":  # its prompt's blocks are cached once it has prefilled
+        pass
+    others = [engine.submit(ask(f"question {i}", system=system, max_new_tokens=60), f"r{i}") for i in range(1, 6)]
+    ends = [events_of(first)[-1]] + [events_of(h)[-1] for h in others]
+    assert [e["type"] for e in ends] == ["finished"] * 6
+    assert all(e["text"] == ANSWER[:60] for e in ends)
+    assert engine.preemptions > 0 and engine.prefix_hit_tokens > 0
+    assert engine.pool.writes.failed == 0 and engine.decoder()["name"] == decoder
