@@ -376,6 +376,20 @@ def blocks_mb(blocks: int) -> float:
     return blocks * 16 * 256 / 2**20
 
 
+class Recorder:
+    """Every logits row an engine chooses a token from, per request id (the rows the sampler sees)."""
+
+    def __init__(self, engine):
+        self.rows: dict[str, list] = {}  # request id → its logits rows [vocab], in order
+        choose = engine._post._choose
+
+        def recording(seq, logits):
+            self.rows.setdefault(seq.id, []).append(logits.clone())
+            return choose(seq, logits)
+
+        engine._post._choose = recording
+
+
 def events_of(handle, timeout: float = 30.0) -> list[dict]:
     """Every event of a request up to its terminal one; fails instead of hanging."""
     out = []

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+from js_format import fixed, fmt_ms
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
 
@@ -24,11 +24,6 @@ ROOF = SERVING["experiments"]["why_batch"]["result"]["roofline"]
 PRICING = SERVING["experiments"]["pricing"]["result"]
 SPEC = SERVING["experiments"]["speculative"]["result"]
 WIDE = {"width": 1440, "height": 900}
-
-
-def fixed(x: float, digits: int) -> str:
-    """JavaScript's toFixed: the exact binary value rounded half up."""
-    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 
 
 def route_name(route) -> str | None:
@@ -77,15 +72,6 @@ def point(phase: str) -> dict:
 # ---- 1. the claims the page's own data contradicted ---------------------------------------------
 
 
-def ms(v: float) -> str:
-    """shared/format.js formatMs."""
-    if v >= 10000:
-        return f"{fixed(v / 1000, 1)} s"
-    if v >= 100:
-        return f"{round(v):,} ms"
-    return f"{fixed(v, 1)} ms" if v >= 10 else f"{fixed(v, 2)} ms"
-
-
 def pct(share: float) -> str:
     return f"{fixed(share * 100, 0)} %"
 
@@ -112,7 +98,7 @@ def test_prefill_sentence_judges_the_prompt_against_its_own_kernels(page, fake_s
     assert f"{pre['tokens']}-token prompt sits at {fixed(pre['intensity'], 1)} FLOP/B, {side}" in text
     # the share beside "took X of its Y" is X / Y: the kernels' own, not the larger floor's
     assert (
-        f"took {ms(pre['kernel_ms'])} of its {ms(pre['step_ms'])}, {pct(pre['kernel_ms'] / pre['step_ms'])} of it"
+        f"took {fmt_ms(pre['kernel_ms'])} of its {fmt_ms(pre['step_ms'])}, {pct(pre['kernel_ms'] / pre['step_ms'])} of it"
         in text
     )
     assert pre["verdict"] in text and pre["kernels"] in text
@@ -123,8 +109,8 @@ def test_decode_sentences_follow_what_holds_the_step_back(page, fake_server):
     open_page(page, fake_server)
     dec = point("decode")
     text = step(page, "decode")
-    assert f"took {ms(dec['kernel_ms'])} of its {ms(dec['step_ms'])} step" in text
-    assert f"would take {ms(dec['memory_ms'])} at the copy bandwidth" in text
+    assert f"took {fmt_ms(dec['kernel_ms'])} of its {fmt_ms(dec['step_ms'])} step" in text
+    assert f"would take {fmt_ms(dec['memory_ms'])} at the copy bandwidth" in text
     # each sentence stands on its condition, computed from the recorded point
     quantized = ROOF["route"] in ("int4", "int8")
     arithmetic = (
@@ -222,7 +208,7 @@ def test_the_two_recorded_ratios_are_set_side_by_side_with_the_reason(page, fake
     dearer = ours_longer == (per_position > PRICING["prefill_ms_per_token"])
     assert f"longer prompt cost {'more' if dearer else 'less'} per position" in text
     assert f"{fixed(per_position, 3)} ms here ({pre['tokens']} tokens)" in text
-    assert f"a decode step took {ms(step_ms)} against {ms(PRICING['decode_ms_per_token'])}" in text
+    assert f"a decode step took {fmt_ms(step_ms)} against {fmt_ms(PRICING['decode_ms_per_token'])}" in text
     # the old reasons, which these recordings contradict
     assert "spreads a prefill over more positions" not in text and "about a fifth slower" not in text
     if TRACE["request"].get("inspect", {}).get("attention"):
@@ -240,8 +226,11 @@ def test_the_serving_steps_relate_figures_from_their_recordings(page, fake_serve
     total = {k: sum(map(sum, ch[k]["gaps_ms"])) / len(ch[k]["gaps_ms"]) for k in ("off", "on")}
     text = serving_step(page, "chunked")
     assert "which the long prompt pays" not in text  # the decoders' gaps grew too
-    assert f"went from {ms(ch['off']['long_ttft_ms'])} to {ms(ch['on']['long_ttft_ms'])}" in text
-    assert f"added up to {ms(total['on'])} against {ms(total['off'])} ({change(total['on'], total['off'])})" in text
+    assert f"went from {fmt_ms(ch['off']['long_ttft_ms'])} to {fmt_ms(ch['on']['long_ttft_ms'])}" in text
+    assert (
+        f"added up to {fmt_ms(total['on'])} against {fmt_ms(total['off'])} ({change(total['on'], total['off'])})"
+        in text
+    )
     decoders_paid = total["on"] > total["off"] * 1.05
     long_paid = ch["on"]["long_ttft_ms"] > ch["off"]["long_ttft_ms"] * 1.05
     assert ("both paid" in text) == (decoders_paid and long_paid)

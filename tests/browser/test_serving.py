@@ -12,6 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
+from js_format import fixed, fmt_ms
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
@@ -37,20 +38,6 @@ NARROW, WIDE = {"width": 375, "height": 740}, {"width": 1440, "height": 900}
 FIGURE = ".sv-figure"
 CHAPTER_STRUCTURE = STRUCTURAL + [".sv-stage-list", ".sv-stage-num"]  # stage numbers are structure
 TRACE_GLOB = "**/serving-trace.json"
-
-
-def fixed(x: float, digits: int) -> str:
-    """JavaScript's toFixed: the exact binary value rounded half up (Python's format rounds half to even)."""
-    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
-
-
-def fmt_ms(ms: float) -> str:
-    """static/js/shared/format.js formatMs: precision follows the size."""
-    if ms >= 10000:
-        return f"{fixed(ms / 1000, 1)} s"
-    if ms >= 100:
-        return f"{int(Decimal(ms).quantize(Decimal(1), rounding=ROUND_HALF_UP)):,} ms"
-    return f"{fixed(ms, 1)} ms" if ms >= 10 else f"{fixed(ms, 2)} ms"
 
 
 def serve_trace(page, text: str | None = FIXTURE_TEXT) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
+from js_format import fixed, fmt_ms
 from kvscope_testkit import screenshot
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
@@ -23,20 +23,6 @@ RECORDING_PATH = ROOT / "static/data/invariance-trace.json"
 SECTION = "#serving-invariance"
 NARROW, WIDE = {"width": 375, "height": 740}, {"width": 1440, "height": 900}
 NEAR_TIE = 0.1  # static/js/serving/invariance-math.js
-
-
-def fixed(x: float, digits: int) -> str:
-    """JavaScript's toFixed: the exact binary value rounded half up."""
-    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
-
-
-def fmt_ms(ms: float) -> str:
-    """static/js/shared/format.js formatMs."""
-    if ms >= 10000:
-        return f"{fixed(ms / 1000, 1)} s"
-    if ms >= 100:
-        return f"{int(Decimal(ms).quantize(Decimal(1), rounding=ROUND_HALF_UP)):,} ms"
-    return f"{fixed(ms, 1)} ms" if ms >= 10 else f"{fixed(ms, 2)} ms"
 
 
 def same_bits(run: dict) -> tuple[int, int, bool]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvscope_testkit import ask, events_of, start_engine, stop_engine
+from kvscope_testkit import Recorder, ask, events_of, start_engine, stop_engine
 
 QUESTIONS = [
     "Name three primary colours.",
@@ -30,20 +30,6 @@ QUESTIONS = [
 ]
 TOKENS = 24
 TIMEOUT_S = 900.0  # the shared 2-core machine: sixteen padded requests can take minutes
-
-
-class Recorder:
-    """Every logits row the engine chooses a token from, per request id."""
-
-    def __init__(self, engine):
-        self.rows: dict[str, list[torch.Tensor]] = {}
-        choose = engine._post._choose
-
-        def recording(seq, logits):
-            self.rows.setdefault(seq.id, []).append(logits.clone())
-            return choose(seq, logits)
-
-        engine._post._choose = recording
 
 
 def answers(engine, questions: list[str]) -> list[list[dict]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvscope_testkit import ask, blocks_mb, events_of, start_engine, stop_engine, wait_until
+from kvscope_testkit import Recorder, ask, blocks_mb, events_of, start_engine, stop_engine, wait_until
 from torch import nn
 
 from model_runner.errors import UserError
@@ -22,20 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROBE = "What does a KV cache hold, in one line?"
 TOKENS = 24
 COMPANY = [f"company {i}: " + "tell me something " * (1 + i % 5) for i in range(16)]
-
-
-class Recorder:
-    """Every logits row an engine chooses a token from, per request id (the rows the sampler sees)."""
-
-    def __init__(self, engine):
-        self.rows: dict[str, list[torch.Tensor]] = {}
-        choose = engine._post._choose
-
-        def recording(seq, logits):
-            self.rows.setdefault(seq.id, []).append(logits.clone())
-            return choose(seq, logits)
-
-        engine._post._choose = recording
 
 
 def send(engine, prompts: list[str], **fields) -> list[list[dict]]:
