@@ -6,6 +6,7 @@ recorded with its outcome, never dropped."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,13 @@ class Job:
     delay_s: float = 0.0
 
 
+def top_two_gap(candidates: list) -> float | None:
+    """How far a greedy token was from a tie, in logits: log p1 − log p2 of its two best candidates (greedy
+    probabilities are a softmax at temperature 1). None when fewer than two came or the second is 0."""
+    probs = [c["prob"] if isinstance(c, dict) else c.prob for c in candidates[:2]]
+    return math.log(probs[0] / probs[1]) if len(probs) == 2 and probs[1] > 0 else None
+
+
 @dataclass
 class RequestRecord:
     request_id: str
@@ -45,6 +53,7 @@ class RequestRecord:
     token_t_ms: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
+    top_two_gaps: list[float | None] = field(default_factory=list)  # logits, per token (top_two_gap)
     end_at: float | None = None
     server_metrics: dict | None = None
     prefix_hit_tokens: int = 0  # prompt tokens the engine took from its prefix cache (prefill_start)
@@ -119,6 +128,7 @@ class RequestRecord:
             self.token_t_ms.append(event.t_ms)
             self.token_ids.append(event.id)
             self.step_ms.append(event.step_ms)
+            self.top_two_gaps.append(top_two_gap(getattr(event, "candidates", None) or []))
         elif kind in ("finished", "cancelled", "error"):
             self.end_at = at
             if kind == "finished":

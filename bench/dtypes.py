@@ -29,7 +29,7 @@ from model_runner.local.config import DECODERS
 from .clients import Job, RequestRecord, read_events, submit_job
 from .machine import load_average, machine_info
 from .prompts import fit_prompt
-from .ratios import greedy_equality, judged, outputs
+from .ratios import first_difference, greedy_equality, judged, outputs
 from .stats import spread
 
 DEFAULT_ROUTES = "float32,auto"
@@ -82,7 +82,7 @@ def agreement(got: list[list[int] | None], reference: list[list[int] | None]) ->
     before each answer's first difference."""
     eq = greedy_equality(got, reference)
     pairs = [(a, b) for a, b in zip(got, reference) if a is not None and b is not None]
-    same = sum(next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in pairs)
+    same = sum(min(len(a), len(b)) if (first := first_difference(a, b)) is None else first for a, b in pairs)
     total = sum(len(b) for _, b in pairs)
     return {
         **eq,

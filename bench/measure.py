@@ -18,7 +18,7 @@ from .clients import Job, RequestRecord, run_jobs, run_stepped
 from .grid import CACHE_OFF_TOKENS, Cell, Grid, cells_of
 from .progress import Progress, work
 from .prompts import Prompt
-from .ratios import totals
+from .ratios import first_difference, totals
 from .stats import METRICS, describe, latency_samples
 from .target import Target
 
@@ -260,13 +260,7 @@ class Bench:
                 "last_step_ms": round(steps[-1], 3) if steps else None,
                 "growth": round(steps[-1] / steps[0], 3) if len(steps) > 1 and steps[0] > 0 else None,
             }
-        ids = [r.token_ids for r in records]
-        probe = {
-            "prompt_tokens": prompt.tokens,
-            **runs,
-            "greedy_identical": ids[0] == ids[1] if all(r.outcome == "completed" for r in records) else None,
-        }
-        return probe, records
+        return {"prompt_tokens": prompt.tokens, **runs, **cache_off_agreement(*records)}, records
 
 
 def _ratio(a: dict | None, b: dict | None, key: str, b_key: str | None = None) -> float | None:
@@ -278,3 +272,21 @@ def _ratio(a: dict | None, b: dict | None, key: str, b_key: str | None = None) -
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
+
+
+def cache_off_agreement(cached: RequestRecord, uncached: RequestRecord) -> dict:
+    """Whether the answers with and without the cache are the same tokens, and if not, where they part and the
+    cached run's top-two gap there. Without the cache every step is a forward over the whole sequence, which
+    sums in another order than a one-token step: the two can part only where the top two are within that
+    rounding (a near-tie), so the gap says whether a difference is rounding or a bug."""
+    if not cached.outcome == uncached.outcome == "completed":
+        return {"greedy_identical": None, "first_difference": None, "top_two_gap_there": None}
+    first = first_difference(cached.token_ids, uncached.token_ids)
+    gaps = cached.top_two_gaps
+    return {
+        "greedy_identical": first is None,
+        "first_difference": first,
+        "top_two_gap_there": None
+        if first is None or first >= len(gaps) or gaps[first] is None
+        else round(gaps[first], 4),
+    }

@@ -122,6 +122,12 @@ def outputs(records: list[RequestRecord]) -> list[list[int] | None]:
     return [r.token_ids if r.outcome == "completed" else None for r in records]
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first token index where two answers differ (a length difference counts), None when equal."""
+    index = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if index == len(a) == len(b) else index
+
+
 def greedy_equality(got: list[list[int] | None], reference: list[list[int] | None]) -> dict:
     """Request by request: how many of the pairs that both completed are token-for-token identical,
     and where the others first differ (token index)."""
@@ -130,9 +136,9 @@ def greedy_equality(got: list[list[int] | None], reference: list[list[int] | Non
         if a is None or b is None:
             continue
         compared += 1
-        if a == b:
+        first = first_difference(a, b)
+        if first is None:
             identical += 1
         else:
-            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diffs.append({"request": i, "token": k})
+            diffs.append({"request": i, "token": first})
     return {"identical": identical, "compared": compared, "first_diff": diffs}

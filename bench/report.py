@@ -245,8 +245,22 @@ def _cache_off(probe: dict, out: TextIO) -> None:
             "recomputes the whole sequence, a prefill per token",
             file=out,
         )
-    same = {True: "yes", False: "NO", None: "-"}[probe["greedy_identical"]]
-    print(f"  greedy output identical with and without the cache: {same}", file=out)
+    print(f"  greedy output with and without the cache: {_cache_off_verdict(probe)}", file=out)
+
+
+def _cache_off_verdict(probe: dict) -> str:
+    if probe["greedy_identical"] is None:
+        return "- (a run did not complete)"
+    if probe["greedy_identical"]:
+        return "identical"
+    gap = probe.get("top_two_gap_there")
+    where = f"parted at token {probe.get('first_difference')}"
+    if gap is None:
+        return f"{where} (no top-two gap was sent there)"
+    return (
+        f"{where}, where the top two were {gap:.3g} logits apart (each step without the cache sums in another "
+        "order, so only a near-tie may part: docs/reliability.md)"
+    )
 
 
 # ---- the plot ----------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """One small bench on the real model: both baselines run, greedy output is the same token for token
-in the engine, the bare loop and generate(), and every ratio and estimate gets a value."""
+in the engine, the bare loop and generate() (the same shapes), with and without the KV cache up to a
+near-tie (other shapes), and every ratio and estimate gets a value."""
 
 from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
+
+from numerics import decided_margin, route_tolerance
 
 from bench import runner as bench
 from bench.clients import InProcessClient
@@ -31,7 +34,10 @@ def test_small_bench_on_the_real_model(real_engine):
         assert comparison["generate_streamer"] is not None and comparison["bare_loop"] is not None
         assert comparison["greedy_identical"] is True
         assert all(value is not None and value > 0 for value in comparison["ratios"].values())
-    assert report["kv_cache_off"]["greedy_identical"] is True
+    probe = report["kv_cache_off"]  # without the cache every step is a whole-sequence forward: other sums
+    if not probe["greedy_identical"]:  # so the answers may part only at a near-tie of the route's rounding
+        near_tie = decided_margin(route_tolerance(real_engine.loaded.facts.dtype_route))
+        assert probe["top_two_gap_there"] is not None and probe["top_two_gap_there"] <= near_tie, probe
     assert report["ceilings"]["copy_gb_per_s"] > 0 and report["ceilings"]["matmul_gflop_per_s"] > 0
     printed = io.StringIO()
     print_report(report, printed)

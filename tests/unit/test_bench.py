@@ -8,6 +8,7 @@ import contextlib
 import copy
 import io
 import json
+import math
 
 import pytest
 
@@ -337,3 +338,36 @@ def test_bad_grid_arguments_are_refused_in_one_line(capsys):
     assert "exceeds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--prompt-lens", "ten"])
+
+
+def test_the_cache_off_probe_says_where_the_answers_part_and_how_close_the_choice_was():
+    """Without the cache each step is a whole-sequence forward (other sums), so a parting is reported with the
+    cached run's top-two gap there, read from the token events' candidates, for a reader to tell rounding
+    (a near-tie) from a bug."""
+    from types import SimpleNamespace
+
+    from bench.clients import RequestRecord
+    from bench.measure import cache_off_agreement
+
+    def record(ids, probs):
+        r = RequestRecord("r")
+        for index, (token, (p1, p2)) in enumerate(zip(ids, probs)):
+            candidates = [{"prob": p1}, {"prob": p2}]
+            r.observe(SimpleNamespace(type="token", t_ms=index, id=token, step_ms=1.0, candidates=candidates), 0.0)
+        r.observe(SimpleNamespace(type="finished", t_ms=9, reason="length", metrics=None), 0.0)
+        return r
+
+    cached = record([5, 6, 7], [(0.9, 0.05), (0.5, 0.49), (0.6, 0.3)])
+    same = cache_off_agreement(cached, record([5, 6, 7], [(0.9, 0.05)] * 3))
+    assert same == {"greedy_identical": True, "first_difference": None, "top_two_gap_there": None}
+    parted = cache_off_agreement(cached, record([5, 8, 7], [(0.9, 0.05)] * 3))
+    assert parted["greedy_identical"] is False and parted["first_difference"] == 1
+    assert parted["top_two_gap_there"] == pytest.approx(math.log(0.5 / 0.49), abs=1e-4)
+    printed = io.StringIO()
+    bench_report._cache_off({"prompt_tokens": 9, **_cache_off_runs(), **parted}, printed)
+    assert "parted at token 1, where the top two were 0.0202 logits apart" in printed.getvalue()
+
+
+def _cache_off_runs() -> dict:
+    run = {"outcome": "completed", "step_ms": [1.0], "first_step_ms": 1.0, "last_step_ms": 1.0, "growth": None}
+    return {"with_cache": run, "without_cache": run}
