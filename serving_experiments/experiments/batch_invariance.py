@@ -20,14 +20,16 @@ MODES = ("default", "invariant")
 
 @contextmanager
 def mode(engine, invariant: bool):
-    """The engine in (or out of) batch-invariant mode for the block, and back as it was after."""
+    """The engine in (or out of) batch-invariant mode for the block, and back as it was after, unless someone
+    (the teacher's switch) set the mode meanwhile: then their choice stands."""
     local = engine.local
     before = local.batch_invariance()["on"]
     local.set_batch_invariant(invariant)
     try:
         yield
     finally:
-        local.set_batch_invariant(before)
+        if local.batch_invariance()["on"] == invariant:
+            local.set_batch_invariant(before)
 
 
 def run(engine, params: dict) -> dict:

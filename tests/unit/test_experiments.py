@@ -416,3 +416,24 @@ def test_line_fit():
     assert line_fit([0, 1, 2], [1, 3, 5]) == pytest.approx((1, 2))
     assert line_fit([64, 64], [3, 4]) is None  # one length: no slope to fit
     assert line_fit([5], [1]) is None
+
+
+def test_the_invariance_experiment_restores_the_mode_but_not_over_a_switch_made_meanwhile(fake_app):
+    """The experiment puts the mode back as it found it; a teacher who switched it during the run keeps
+    their choice (the restore would otherwise undo it silently)."""
+    from serving_experiments.experiments.batch_invariance import mode
+
+    _, engine = fake_app
+    local = engine.local
+    assert local.batch_invariance()["on"] is False
+    with mode(engine, True):
+        assert local.batch_invariance()["on"] is True
+    assert local.batch_invariance()["on"] is False
+    with mode(engine, True):
+        local.set_batch_invariant(False)  # the teacher turns it off mid-run ...
+        local.set_batch_invariant(True)  # ... and on again: the mode is as the experiment set it
+    assert local.batch_invariance()["on"] is False
+    local.set_batch_invariant(True)  # the teacher's mode before the run: on
+    with mode(engine, True):
+        local.set_batch_invariant(False)  # the teacher turns it off during the run: off it stays
+    assert local.batch_invariance()["on"] is False
