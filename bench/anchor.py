@@ -94,9 +94,9 @@ def _run_python(gguf: Path, prompts: list[list[int]], new_tokens: int, threads: 
         sent, stamps, tokens = time.perf_counter(), [], []
         for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
             stamps.append((time.perf_counter() - sent) * 1000)
+            tokens.append(token)  # an end token too, as the engine records it
             if token == llm.token_eos() or len(tokens) >= new_tokens:
                 break
-            tokens.append(token)
         answers.append({"tokens": tokens, "stamps_ms": stamps})
     return {"engine": "llama.cpp via llama-cpp-python", "threads": threads, "answers": answers}
 
@@ -143,8 +143,9 @@ def run_anchor(gguf: Path, lone: list[int], repeats: int, quality: list[list[int
 
 
 def stream_completion(url: str, prompt: list[int], new_tokens: int, timeout: float = 300.0) -> dict:
-    """One greedy streaming /v1/completions on token ids: the ids vLLM generated (end-of-sequence ids
-    left in: the caller strips them) and the time (ms) from the request sent to each chunk."""
+    """One greedy streaming /v1/completions on token ids: the ids vLLM generated, an end-of-sequence id
+    included (as the engine records its answers: a token event for the end token it chose), and the time
+    (ms) from the request sent to each chunk."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -175,15 +176,6 @@ def stream_completion(url: str, prompt: list[int], new_tokens: int, timeout: flo
     return {"tokens": tokens, "stamps_ms": stamps}
 
 
-def without_eos(answer: dict, eos_ids: set[int]) -> dict:
-    """The answer as the engine records it: no token event for an end-of-sequence id."""
-    tokens, stamps = list(answer["tokens"]), list(answer["stamps_ms"])
-    while tokens and tokens[-1] in eos_ids:
-        tokens.pop()
-        stamps.pop()
-    return {"tokens": tokens, "stamps_ms": stamps}
-
-
 def concurrent_completions(url: str, prompts: list[list[int]], new_tokens: int) -> dict:
     """All prompts sent at once, one thread each: tokens generated and first send -> last token (s)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -197,7 +189,7 @@ def concurrent_completions(url: str, prompts: list[list[int]], new_tokens: int) 
 
 
 def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quality: list[list[int]],
-                    new_tokens: int, quality_tokens: int, eos_ids: set[int], log_path: Path) -> dict:  # fmt: skip
+                    new_tokens: int, quality_tokens: int, log_path: Path) -> dict:  # fmt: skip
     """vLLM's CPU build on the bundled model's weights (float32), alone on the machine: started after the
     engine's turns (its worker must not share the cores with them), the lone prompt `repeats` times and the
     batch `repeats` times, alternating, then the quality prompts' greedy answers; stopped again.
@@ -213,9 +205,9 @@ def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quali
         stream_completion(server.url, lone, 8)  # warm-up, untimed
         lone_runs, batched = [], []
         for _ in range(repeats):
-            lone_runs.append(timings(without_eos(stream_completion(server.url, lone, new_tokens), eos_ids)))
+            lone_runs.append(timings(stream_completion(server.url, lone, new_tokens)))
             batched.append(concurrent_completions(server.url, batch, new_tokens))
-        answers = [without_eos(stream_completion(server.url, q, quality_tokens), eos_ids)["tokens"] for q in quality]
+        answers = [stream_completion(server.url, q, quality_tokens)["tokens"] for q in quality]
         capacity = server.capacity()
         threads = re.search(r"local_rank=0, core ids=\[([\d, ]*)\]", server.log())
     except (RuntimeError, TimeoutError, OSError) as exc:

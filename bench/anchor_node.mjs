@@ -20,9 +20,8 @@ async function answer(prompt) {
   const sent = performance.now();
   for await (const token of sequence.evaluate(prompt, { temperature: 0 })) {
     stamps.push(performance.now() - sent);
-    if (model.isEogToken(token)) break;
-    tokens.push(token);
-    if (tokens.length >= job.max_new_tokens) break;
+    tokens.push(token); // an end token too: the engine sends a token event for the end token it chose
+    if (model.isEogToken(token) || tokens.length >= job.max_new_tokens) break;
   }
   return { tokens, stamps_ms: stamps };
 }

@@ -353,7 +353,7 @@ def _vllm_anchor(args, engine, payloads: list[dict], quality: list[dict], output
           flush=True)  # fmt: skip
     log_path = Path(args.json or "bench-dtypes").with_suffix(".vllm.log")
     result = run_vllm_anchor(ids(payloads[0]), [ids(p) for p in payloads], repeats, [ids(q) for q in quality], output,
-                             DEFAULTS["quality_tokens"], set(tokenizer.eos_ids), log_path)  # fmt: skip
+                             DEFAULTS["quality_tokens"], log_path)  # fmt: skip
     if result["available"]:
         for key in ("lone_decode_tokens_per_s", "prefill_ms", "batched_tokens_per_s"):
             result[key] = spread([v for v in result[key] if v is not None])

@@ -101,14 +101,12 @@ def canned():
     server.shutdown()
 
 
-def test_the_token_id_stream_becomes_ids_and_stamps_without_the_end_token(canned):
+def test_the_token_id_stream_becomes_ids_and_stamps_with_the_end_token(canned):
     answer = anchor.stream_completion(canned, [1, 2, 3], 16)
     assert answer["tokens"] == [42, 7, 2] and len(answer["stamps_ms"]) == 3
     assert answer["stamps_ms"] == sorted(answer["stamps_ms"]) and answer["stamps_ms"][0] > 0
     sent = CannedCompletions.bodies[-1]
     assert sent["prompt"] == [1, 2, 3] and sent["temperature"] == 0 and sent["return_token_ids"] is True
-    trimmed = anchor.without_eos(answer, {2})
-    assert trimmed["tokens"] == [42, 7] and trimmed["stamps_ms"] == answer["stamps_ms"][:2]
     both = anchor.concurrent_completions(canned, [[1], [2]], 16)
     assert both["clients"] == 2 and both["tokens"] == 6 and both["tokens_per_s"] > 0
 
@@ -129,3 +127,26 @@ def test_the_dtypes_run_reports_why_the_vllm_anchor_did_not_run(tmp_path, capsys
     assert report["anchor"]["available"] is False  # llama.cpp is asked in the same run
     assert not any(key.endswith("_over_vllm") for key in report["ratios"])
     assert "vLLM anchor: not run: the vLLM anchor serves the bundled model only" in capsys.readouterr().out
+
+
+def test_the_anchors_answers_keep_their_end_token_as_the_engines_answers_do(canned, fake_engine, monkeypatch, tmp_path):
+    """The engine sends a token event for the end token it chose, so the bench's reference answers end with it;
+    vLLM's answers compared with them keep theirs too, or every answer that ends before the token limit would
+    count as parting at its end (the canned server's answer is [42, 7, <|im_end|>])."""
+    from types import SimpleNamespace
+
+    from bench.clients import InProcessClient, Job, run_jobs
+
+    (record,), _ = run_jobs(
+        InProcessClient(fake_engine), [Job({"messages": [{"role": "user", "content": "hi"}]})], "ends"
+    )
+    assert record.outcome == "completed", record.message
+    assert record.token_ids[-1] in fake_engine.loaded.tokenizer.eos_ids  # the engine's answer ends with its end token
+
+    server = SimpleNamespace(url=canned, ready_s=1.0, wait_ready=lambda: None, capacity=lambda: None,
+                             log=lambda: "", stop=lambda: None)  # fmt: skip
+    monkeypatch.setattr(vllm_server, "find_python", lambda: ("python", ""))
+    monkeypatch.setattr(vllm_server, "prepare_folder", lambda: tmp_path)
+    monkeypatch.setattr(vllm_server, "start", lambda *args, **kwargs: server)
+    result = anchor.run_vllm_anchor([1], [[1]], 1, [[1, 2, 3]], 16, 16, tmp_path / "vllm.log")
+    assert result["available"] is True and result["quality_answers"] == [[42, 7, 2]]
