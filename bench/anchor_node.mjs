@@ -18,7 +18,7 @@ async function answer(prompt) {
   const tokens = [];
   const stamps = [];
   const sent = performance.now();
-  for await (const token of sequence.evaluate(prompt, { temperature: 0 })) {
+  for await (const token of sequence.evaluate(prompt, { temperature: 0, yieldEogToken: true })) {
     stamps.push(performance.now() - sent);
     tokens.push(token); // an end token too: the engine sends a token event for the end token it chose
     if (model.isEogToken(token) || tokens.length >= job.max_new_tokens) break;
