@@ -277,8 +277,9 @@ def _round(x: float | None) -> float | None:
 def cache_off_agreement(cached: RequestRecord, uncached: RequestRecord) -> dict:
     """Whether the answers with and without the cache are the same tokens, and if not, where they part and the
     cached run's top-two gap there. Without the cache every step is a forward over the whole sequence, which
-    sums in another order than a one-token step: the two can part only where the top two are within that
-    rounding (a near-tie), so the gap says whether a difference is rounding or a bug."""
+    sums in another order than a one-token step (on int4/int8 it is a prompt-sized step, on the kept float32
+    weights): the two can part only where the top two are within that rounding (a near-tie), so the gap
+    says whether a difference is rounding or a bug."""
     if not cached.outcome == uncached.outcome == "completed":
         return {"greedy_identical": None, "first_difference": None, "top_two_gap_there": None}
     first = first_difference(cached.token_ids, uncached.token_ids)

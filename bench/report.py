@@ -258,8 +258,8 @@ def _cache_off_verdict(probe: dict) -> str:
     if gap is None:
         return f"{where} (no top-two gap was sent there)"
     return (
-        f"{where}, where the top two were {gap:.3g} logits apart (each step without the cache sums in another "
-        "order, so only a near-tie may part: docs/reliability.md)"
+        f"{where}, where the top two were {gap:.3g} logits apart (each step without the cache is a whole-sequence "
+        "forward, other sums, so only a near-tie may part: docs/reliability.md)"
     )
 
 
