@@ -27,7 +27,17 @@ RECORD_FRAMES = """
     constructor(...args) {
       super(...args);
       window.__labSockets.push(this);
-      this.addEventListener('message', (m) => { try { window.__labFrames.push(JSON.parse(m.data)); } catch {} });
+      this.addEventListener('message', (m) => {
+        let frame;
+        try { frame = JSON.parse(m.data); } catch { return; }
+        window.__labFrames.push(frame);
+        // Asked for: drop this socket at its first token, before the page's own listener sees that frame (a
+        // closing socket dispatches no more frames, so the answer cannot finish first, however late the test is).
+        if (window.__labDropAtFirstToken && frame.type === 'token') {
+          window.__labDropAtFirstToken = false;
+          this.close(4000, 'test drop');
+        }
+      });
     }
     send(data) {
       window.__labSent.push(JSON.parse(data));
@@ -374,10 +384,9 @@ def test_controls_reach_the_server(fake_server, page, console_errors):
 def test_dropped_connection_is_shown_and_not_retried(fake_server, page, console_errors):
     open_lab(page, fake_server)
     set_max_new(page, 200)
+    page.evaluate("() => { window.__labDropAtFirstToken = true; }")  # the browser drops the socket mid-answer
     page.click("#lab-run")
     expect(page.locator("#lab-answer .atok").first).to_be_attached(timeout=RUN_TIMEOUT)
-    # Drop the lab's socket mid-answer from the browser side.
-    page.evaluate("() => window.__labSockets.forEach((s) => s.close(4000, 'test drop'))")
     expect(page.locator('#lab-status[data-status="connection_lost"]')).to_be_attached(timeout=RUN_TIMEOUT)
     expect(page.locator("#lab-status")).to_contain_text("did not finish")
     expect(page.locator("#lab-answer .lab-answer-end")).to_contain_text("did not finish")
