@@ -71,6 +71,23 @@ class SocketSession:
         # how observers see this socket's requests
         self.label = self.seat.label or f"socket {next(SOCKET_NUMBERS)}"
         self.seat.attach(self._send_message)
+        self._order_close_replies_after_sends()
+
+    def _order_close_replies_after_sends(self) -> None:
+        """simple-websocket's reader thread answers a client's close frame itself, while a pump may be half-way
+        through a send (past its `connected` check): the data frame could then follow the close reply, which
+        breaks the protocol (Chromium fails the socket: "Data frame received after close"). The reader's event
+        handling takes the send lock, so that reply waits for the frame being sent and every later send sees the
+        socket closed."""
+        handle_events = getattr(self.ws, "_handle_events", None)
+        if handle_events is None:  # not a simple-websocket socket (a test's stand-in)
+            return
+
+        def handle_events_between_sends():
+            with self._send_lock:
+                return handle_events()
+
+        self.ws._handle_events = handle_events_between_sends
 
     # ---- the reader loop -----------------------------------------------------------------------
 
