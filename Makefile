@@ -91,7 +91,7 @@ test-vllm: install-test chromium $(VLLM_VENV)/.installed
 
 # The numerics-sensitive tests under each CPU capability torch can be forced to (MKL's and oneDNN's caps to
 # match; a capability the CPU lacks falls back to the best it has), then natively on one torch thread: a test
-# that holds only on this CPU's rounding fails here (docs/reliability.md, "What is bit-exact"). ~30-40 min on 2 cores.
+# that holds only on this CPU's rounding fails here (docs/reliability.md, "What is bit-exact"). ~40 min on 2 cores.
 test-portability: install-test
 	@set -e; tests="tests/unit/test_static_step.py tests/unit/test_batching.py tests/unit/test_dtypes.py \
 	  tests/unit/test_quantize_siblings.py tests/model/test_static_step_model.py tests/model/test_batching_model.py \
