@@ -118,7 +118,7 @@ $(CLIENTS_VENV)/.installed:
 	touch $@
 
 test-clients: install $(CLIENTS_VENV)/.installed
-	$(BIN)/python tests/clients/run_clients.py --clients-python $(CLIENTS_VENV)/bin/python
+	$(abspath $(BIN))/python $(CURDIR)/tests/clients/run_clients.py --clients-python $(abspath $(CLIENTS_VENV))/bin/python
 
 bench: install
 	$(BIN)/kvscope bench --quick

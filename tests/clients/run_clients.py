@@ -58,6 +58,13 @@ def tokenizer_folder() -> str:
     return str(cache_root() / f"smollm2-135m-instruct-q4_1-{find_default_gguf().stat().st_size}")
 
 
+def client_bin_dir(clients_python: str) -> Path:
+    """The clients' venv bin folder as an absolute path: each client runs in another working folder, so a
+    relative `.venv-clients/bin/python` must be anchored at the caller's folder first. absolute(), not
+    resolve(): the venv's python is a symlink to the system one, whose folder has no lm_eval."""
+    return Path(clients_python).expanduser().absolute().parent
+
+
 def runs(bin_dir: Path, url: str, out: Path) -> list[tuple[str, list[str], Path]]:
     """(what, command, working folder) for each client, in their default setup."""
     lm_eval, guidellm, python = str(bin_dir / "lm_eval"), str(bin_dir / "guidellm"), str(bin_dir / "python")
@@ -162,7 +169,7 @@ def main() -> int:
     results, failed = [], 0
     try:
         wait_ready(url, server)
-        for what, command, cwd in runs(Path(args.clients_python).parent, url, out):
+        for what, command, cwd in runs(client_bin_dir(args.clients_python), url, out):
             before, start = scrape(url), time.monotonic()
             done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
             after = scrape(url)
