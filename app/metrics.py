@@ -19,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from app.engine_ext import KEY as ENGINE_KEY
-from app.openai.shapes import FINISH_REASONS, model_ids
+from app.model_names import model_ids
+from app.outcomes import FINISH_REASONS
 from model_runner.interface import EngineInterface
 from model_runner.metrics import request_metrics
 

@@ -1,7 +1,8 @@
 """Browser-facing defences for a local-first app: Host check (DNS rebinding), Origin check, headers.
 
 `init_app` installs a Host check on every request and security headers on every response;
-`origin_refusal()` is what the WebSocket blueprint and state-changing API routes call.
+`origin_refusal()` is what the WebSocket blueprint and state-changing API routes call;
+`policy_changes_allowed()` says whether clients may change the engine's scheduling policy here.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ def is_loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def policy_changes_allowed() -> bool:
+    """Whether this server lets clients change scheduling policies (POST /api/engine/policy and the
+    experiments that set one): ALLOW_POLICY_CHANGES when set, else only when listening on loopback."""
+    allowed = current_app.config.get("ALLOW_POLICY_CHANGES")
+    if allowed is None:
+        allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
+    return bool(allowed)
 
 
 def allowed_hosts(config) -> frozenset[str] | None:

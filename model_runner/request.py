@@ -245,7 +245,7 @@ def _bool(data: dict, name: str, default: bool) -> bool:
 
 
 # The fields a `generate` payload may carry: its parameters, plus `type` and `request_id`, which the
-# WebSocket frame holds (app/session.py reads them) and a trace's request keeps.
+# WebSocket frame holds (app/ws/session.py reads them) and a trace's request keeps.
 FIELDS = (
     "messages",
     "max_new_tokens",

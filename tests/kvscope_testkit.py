@@ -124,7 +124,7 @@ def stop_engine(engine) -> None:
 
 
 class JsonLogFormatter(logging.Formatter):
-    """One JSON object a line: level, logger, message, the record's `kvscope` fields (app/session.py
+    """One JSON object a line: level, logger, message, the record's `kvscope` fields (app/ws/session.py
     puts a request's id and outcome there) and any exception. ASCII only, so any text survives."""
 
     def format(self, record: logging.LogRecord) -> str:

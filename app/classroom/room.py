@@ -255,34 +255,8 @@ class Laptop:
     sent_at: deque = field(default_factory=deque)  # when its recent requests were submitted
 
 
-class NoSeat:
-    """The seat of a socket outside a classroom: no label, no cap or counters of its own (the session's
-    per-socket cap applies), nothing to follow; every call is a no-op."""
-
-    in_room = False
-    label = ""
-
-    def attach(self, send: Callable[[dict], bool]) -> None:
-        pass
-
-    def submit_options(self) -> dict[str, Any]:
-        return {}
-
-    def request_ended(self, refused: bool = False) -> None:
-        pass
-
-    def subscribed(self, feed) -> None:
-        return None
-
-    def unsubscribed(self) -> None:
-        pass
-
-    def leave(self) -> None:
-        pass
-
-
 class Seat:
-    """One WebSocket in the class, as app/session.py sees it (NoSeat plays the same role outside one)."""
+    """One WebSocket in the class, as app/ws/session.py sees it (its NoSeat plays the same role outside one)."""
 
     in_room = True
 

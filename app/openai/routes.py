@@ -36,13 +36,14 @@ from flask import Blueprint, Response, current_app, jsonify, request, stream_wit
 
 from app.engine_ext import get_engine
 from app.errors import error_response, openai_body
+from app.model_names import model_ids
 from app.openai import chat as openai_chat
 from app.openai import completions as openai_completions
 from app.openai.fanout import merged, submit_all
-from app.openai.shapes import TokenNames, check_model, model_ids
+from app.openai.shapes import TokenNames, check_model
+from app.outcomes import describe_end, end_fields
 from app.protocol import parse_json_object
 from app.security import origin_refusal
-from app.session import describe_end, end_fields
 from model_runner.errors import UserError
 from model_runner.events import Event
 from model_runner.fields import check_bool, check_int

@@ -1,49 +1,20 @@
 """What chat and legacy completions share in the OpenAI-compatible API (docs/protocol.md,
-"OpenAI-compatible API"): the model ids a client may send, and the pieces of every answer (finish
-reason, usage, token names and log-probabilities, server-sent events); the request fields they share
-are app/openai/request_fields.py's."""
+"OpenAI-compatible API"): the check of the model id a client sends (the ids are app/model_names.py's),
+and the pieces of every answer (finish reason, usage, token names and log-probabilities, server-sent
+events); the request fields they share are app/openai/request_fields.py's."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
-from app.api import public_source
+from app.outcomes import FINISH_REASONS
 from model_runner.errors import UserError
 from model_runner.events import Accepted, Event, Finished, Token
 from model_runner.request import json_repr
 
-FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
-TYPABLE = re.compile(r"^[\w.:/@+-]+$")  # an id a client can type: no spaces, no parentheses
-UNLOADED = "kvscope"  # the id before the model's facts are known
-
-
 # ---- model ids ---------------------------------------------------------------------------------
-
-
-def own_model_id(facts) -> str:
-    """The model's own name as a client would type it: its source when that is an id (a hub id, a
-    folder name, `fake`, the remote's id), else its name without how it runs
-    ("SmolLM2-135M-Instruct (Q4_1 GGUF)" → "SmolLM2-135M-Instruct")."""
-    if facts is None:
-        return UNLOADED
-    source = public_source(facts.source or facts.name) or ""
-    if TYPABLE.match(source):
-        return source
-    name = (public_source(facts.name) or "").split(" (")[0].strip()
-    return name if TYPABLE.match(name) else re.sub(r"[^\w.:/@+-]+", "-", name).strip("-") or UNLOADED
-
-
-def model_ids(facts, served_names: str | list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Every id this server answers to: the `--served-model-name` names (the first is the one it
-    reports, as vLLM's `model_name`), then the model's own name. One name may come as a plain
-    string (KVSCOPE_SERVED_MODEL_NAMES=tiny-chat, which is not JSON)."""
-    names = [served_names] if isinstance(served_names, str) else list(served_names or ())
-    ids = [str(name) for name in names]
-    own = own_model_id(facts)
-    return ids + [own] if own not in ids else ids
 
 
 def check_model(body: dict, ids: list[str]) -> None:

@@ -303,7 +303,7 @@ class ClosedSocket:
 
 
 def test_sockets_past_max_sockets_are_closed_with_1013_and_slots_come_back(ready_engine):
-    from app.ws import KEY, serve_socket
+    from app.ws.routes import KEY, serve_socket
 
     app = make_app(ready_engine, MAX_SOCKETS=1)
     slots = app.extensions[KEY]
@@ -322,7 +322,7 @@ def test_a_send_to_a_client_that_stopped_reading_fails_instead_of_blocking_forev
     import socket as socketlib
     from types import SimpleNamespace
 
-    from app.ws import bound_send_time
+    from app.ws.routes import bound_send_time
 
     server_end, client_end = socketlib.socketpair()
     ws = SimpleNamespace(sock=server_end)

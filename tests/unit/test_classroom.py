@@ -19,7 +19,7 @@ from kvscope_testkit import ask, events_of, wait_until
 from app import create_app
 from app.classroom import routes as classroom
 from app.classroom.room import CANCEL_CAUSE
-from app.session import SessionSettings, run_session
+from app.ws.session import SessionSettings, run_session
 from model_runner.local.scheduler import WAIT_PAUSED
 from model_runner.metrics import percentile
 from model_runner.shared.policy import Policy

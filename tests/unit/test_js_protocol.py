@@ -228,7 +228,7 @@ FEED_SOURCES = (
     "model_runner/shared/endings.py",
     "app/classroom/routes.py",
     "app/classroom/room.py",
-    "app/session.py",
+    "app/ws/session.py",
 )
 
 

@@ -88,3 +88,29 @@ def test_the_architecture_page_names_every_module():
     modules += list((ROOT / "static/js").rglob("*.js"))
     missing = sorted(str(path.relative_to(ROOT)) for path in modules if f"`{path.name}`" not in section)
     assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def app_room(path: Path) -> str | None:
+    """The feature room an app module belongs to: a door's module (one that defines a Blueprint) is its
+    own room at the top of app/, its sub-package's room below it; None for the shared floor and the factory."""
+    relative = path.relative_to(ROOT / "app")
+    if len(relative.parts) > 1:
+        return "app." + relative.parts[0]
+    return f"app.{path.stem}" if "Blueprint(" in path.read_text(encoding="utf-8") else None
+
+
+def test_no_app_room_imports_another_room():
+    # Every door (api, pages, metrics, experiments, ws/, classroom/, openai/) stands on the shared floor
+    # (engine_ext, errors, protocol, security, outcomes, model_names) and borrows nothing from another door.
+    modules = sorted((ROOT / "app").rglob("*.py"))
+    rooms = {room for room in map(app_room, modules) if room is not None}
+    assert {"app.api", "app.ws", "app.openai", "app.classroom", "app.metrics"} <= rooms
+    offenders = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in modules
+        if path != ROOT / "app/__init__.py"  # the factory registers every door
+        for name in imported_modules(path)
+        for room in rooms - {app_room(path)}
+        if breaks(name, {room})
+    }
+    assert not offenders, sorted(offenders)

@@ -1,4 +1,4 @@
-"""The model ids the OpenAI-compatible API answers to (app/openai/shapes.py): the model's own name
+"""The model ids the OpenAI-compatible API answers to (app/model_names.py, app/openai/shapes.py): the model's own name
 as a client would type it, the `--served-model-name` names first, and an unknown one refused as
 OpenAI's 404 `model_not_found`."""
 
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.errors import status_for
-from app.openai.shapes import check_model, model_ids, own_model_id
+from app.model_names import model_ids, own_model_id
+from app.openai.shapes import check_model
 from model_runner.errors import UserError
 
 

@@ -1,4 +1,4 @@
-"""The WebSocket session logic (app/session.py) against a fake socket and the engine's fake model:
+"""The WebSocket session logic (app/ws/session.py) against a fake socket and the engine's fake model:
 request ids echoed, one terminal event per request, errors that leave the socket usable, caps,
 cancellation on cancel / close / broken sends, and the engine never sending to the socket."""
 
@@ -14,7 +14,8 @@ import pytest
 from kvscope_testkit import wait_until
 from simple_websocket import ConnectionClosed
 
-from app.session import SessionSettings, parse_json_object, run_session
+from app.protocol import parse_json_object
+from app.ws.session import SessionSettings, run_session
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.loading.loader import load

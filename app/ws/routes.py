@@ -1,5 +1,6 @@
 """The `/ws` route: refuses foreign origins before the handshake, caps open sockets, bounds how long
-a send may block, then hands the socket to `session.run_session`.
+a send may block, then hands the socket to `session.run_session` with its seat (the factory passes
+the classroom's `seat_for_socket`; without one every socket is a plain one).
 """
 
 from __future__ import annotations
@@ -8,18 +9,19 @@ import socket
 import struct
 import threading
 from contextlib import contextmanager
+from typing import Any, Callable
 
 from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
 
-from app.classroom import routes as classroom
 from app.engine_ext import get_engine
 from app.security import origin_refusal
-from app.session import SessionSettings, run_session
+from app.ws.session import SessionSettings, run_session
 
 bp = Blueprint("ws", __name__)
 sock = Sock()
 KEY = "kvscope_ws_slots"
+SEATS_KEY = "kvscope_ws_seats"
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
@@ -44,8 +46,10 @@ class Slots:
                     self.open -= 1
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask, seat_for_socket: Callable[[], Any] = lambda: None) -> None:
+    """`seat_for_socket()`, called in each handshake's request context: the socket's seat, or None."""
     app.extensions[KEY] = Slots(int(app.config["MAX_SOCKETS"]))
+    app.extensions[SEATS_KEY] = seat_for_socket
     app.register_blueprint(bp)
 
 
@@ -70,7 +74,8 @@ def serve_socket(ws) -> None:
             return
         bound_send_time(ws, float(config["SEND_TIMEOUT_S"]))
         peer = f"{request.remote_addr}:{request.environ.get('REMOTE_PORT', '')}"
-        run_session(ws, get_engine(), session_settings(config), peer=peer, seat=classroom.seat_for_socket())
+        seat = current_app.extensions[SEATS_KEY]()
+        run_session(ws, get_engine(), session_settings(config), peer=peer, seat=seat)
 
 
 sock.route("/ws", bp=bp)(serve_socket)

@@ -15,12 +15,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from simple_websocket import ConnectionClosed
 from wsproto.utilities import LocalProtocolError
 
-from app.classroom.room import NoSeat
+from app.outcomes import describe_end, end_fields
 from app.protocol import error_event, parse_json_object, parse_request_id
 from model_runner.errors import UserError
 from model_runner.events import SCHEMA_VERSION, Event
@@ -42,6 +42,33 @@ class SessionSettings:
     idle_timeout_s: float = 600.0  # close a socket with nothing in flight and no frame for this long
     poll_s: float = 0.5  # how often blocked loops look up to see whether the socket has ended
     drain_s: float = 30.0  # after the socket ends, how long a pump waits for its request's last event
+
+
+class NoSeat:
+    """The seat of a socket outside a classroom: no label, no cap or counters of its own (the session's
+    per-socket cap applies), nothing to follow; every call is a no-op. A classroom's `Seat`
+    (app/classroom/room.py) plays the same role in a class."""
+
+    in_room = False
+    label = ""
+
+    def attach(self, send: Callable[[dict], bool]) -> None:
+        pass
+
+    def submit_options(self) -> dict[str, Any]:
+        return {}
+
+    def request_ended(self, refused: bool = False) -> None:
+        pass
+
+    def subscribed(self, feed) -> None:
+        return None
+
+    def unsubscribed(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
 
 
 def run_session(
@@ -324,24 +351,3 @@ class SocketSession:
                 handle.cancel(cause=self._end_cause)
             except Exception:
                 log.exception("ws %s: cancelling a request failed", self.peer)
-
-
-def describe_end(event: Event | None) -> str:
-    """One log phrase for how a request ended."""
-    if event is None or not event.terminal:
-        return "no terminal event (the engine did not answer the cancel in time)"
-    d = event.to_dict()
-    if d["type"] == "finished":
-        return f"finished ({d['reason']}, {d['tokens']} tokens)"
-    if d["type"] == "cancelled":
-        return f"cancelled ({d['cause']}, in {d['state']}, {d['tokens']} tokens)"
-    return f"error ({d['code']})"
-
-
-def end_fields(event: Event | None) -> dict[str, Any]:
-    """How a request ended, as log record fields (`extra`) for tools and tests: what describe_end
-    says, never the answer's text."""
-    if event is None or not event.terminal:
-        return {"outcome": "none"}
-    d = event.to_dict()
-    return {"outcome": d["type"], **{k: d[k] for k in ("reason", "cause", "state", "tokens", "code") if k in d}}
