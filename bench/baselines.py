@@ -46,15 +46,12 @@ class LoopRun:
 
 
 def summary(tokens: int, prefill_ms: float | None, steps: list[float], tokens_per_s: float | None) -> dict[str, Any]:
-    def r(x: float | None) -> float | None:
-        return None if x is None else round(x, 3)
-
     return {
         "tokens": tokens,
-        "prefill_ms": r(prefill_ms),
-        "step_ms_median": r(percentile(steps, 50)),
-        "step_ms_p10": r(percentile(steps, 10)),
-        "tokens_per_s": r(tokens_per_s),
+        "prefill_ms": _round(prefill_ms),
+        "step_ms_median": _round(percentile(steps, 50)),
+        "step_ms_p10": _round(percentile(steps, 10)),
+        "tokens_per_s": _round(tokens_per_s),
     }
 
 
@@ -62,7 +59,7 @@ def bare_greedy_loop(model, prompt_ids: list[int], max_new_tokens: int, eos_ids:
     """The floor: prefill, then one forward + argmax per token, stopping at an end token like the engine."""
     from transformers import DynamicCache
 
-    from model_runner.local.forward import steer
+    from model_runner.local.step.forward import steer
 
     device = model.device
     run = LoopRun("bare_loop")
@@ -180,6 +177,70 @@ def fractions(est: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
         "prefill_fraction_of_matmul": part(est["prefill_gflop_per_s"], ceilings["matmul_gflop_per_s"]),
         "decode_fraction_of_copy": part(est["decode_gb_per_s"], ceilings["copy_gb_per_s"]),
     }
+
+
+# ---- one repetition's comparison ------------------------------------------------------------------
+
+
+def engine_summary(record) -> dict[str, Any] | None:
+    """The engine's side of a comparison (a completed RequestRecord), plus its per-token work outside the
+    model step."""
+    if record.outcome != "completed":
+        return None
+    n = len(record.token_ids)
+    out = summary(n, record.prefill_ms, record.engine_itl_ms, n / (record.e2e_ms / 1000))
+    model = record.step_ms[1:]  # token k's step_ms: its forward and sampling; token 0 came from prefill
+    outside = [gap - step for gap, step in zip(record.engine_itl_ms, model)]
+    out["model_step_ms_median"] = _round(percentile(model, 50))
+    out["outside_model_ms_median"] = _round(percentile(outside, 50))
+    return out
+
+
+def comparison(
+    shape: cost.Shape, prompt_tokens: int, record, results: dict[str, Any], generate_skip: str | None
+) -> dict[str, Any]:
+    """One repetition of the engine (its RequestRecord) beside the bare loop and generate() (their LoopRuns
+    in `results`): each side's summary, whether their greedy answers are the same, the ratios between them
+    and the estimates from the engine's times."""
+    engine = engine_summary(record)
+    bare, gen = results.get("bare_loop"), results.get("generate_streamer")
+    runs = {
+        "engine": engine,
+        "bare_loop": bare.summary() if bare else None,
+        "generate_streamer": gen.summary() if gen else None,
+    }
+    identical = None
+    if engine and bare:
+        identical = record.token_ids == bare.token_ids and (gen is None or gen.token_ids == bare.token_ids)
+    ratios = {
+        "engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
+        "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
+        "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
+        "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s"),
+        "engine_outside_over_model": _ratio(engine, engine, "outside_model_ms_median", "model_step_ms_median"),
+    }
+    est = None
+    if engine:
+        mid_answer = prompt_tokens + engine["tokens"] / 2
+        est = estimates(shape, prompt_tokens, engine["prefill_ms"], engine["step_ms_median"], mid_answer)
+    return {
+        **runs,
+        "generate_streamer_skipped": generate_skip,
+        "greedy_identical": identical,
+        "estimates": est,
+        "ratios": ratios,
+    }
+
+
+def _ratio(a: dict | None, b: dict | None, key: str, b_key: str | None = None) -> float | None:
+    b_key = b_key or key
+    if not a or not b or a.get(key) is None or not b.get(b_key):
+        return None
+    return round(a[key] / b[b_key], 4)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 # ---- transformers' own continuous batching -------------------------------------------------------

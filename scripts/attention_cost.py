@@ -16,8 +16,8 @@ import statistics
 
 import torch
 
-from model_runner.local.attention_inspect import IMPLEMENTATION
 from model_runner.local.engine import Engine, EngineConfig
+from model_runner.local.model.attention_inspect import IMPLEMENTATION
 from model_runner.request import parse_generate
 from model_runner.text.prompt import plan
 

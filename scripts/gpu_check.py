@@ -5,7 +5,7 @@ machine and writes one JSON file plus a printed summary; exit 1 when a check fai
     .venv/bin/python scripts/gpu_check.py cpu             # a dry run with tiny counts on the CPU (CI runs it)
     .venv/bin/python scripts/gpu_check.py cpu --model default --out /tmp/check.json
 
-1. Decode speed, in-process (model_runner/local/graphs.py): a lone stream and 16 streams together, in
+1. Decode speed, in-process (model_runner/local/step/graphs.py): a lone stream and 16 streams together, in
    bfloat16 and float32, with CUDA graphs on and off (on the CPU, "on" is the graphs' padded step
    without a graph: the dry run checks the code path, not the speed-up); on CUDA once more in bfloat16
    with SDPA's cuDNN attention off, to say whether it is why bfloat16 ran slower than float32.

@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from model_runner.local.forward import steer
+from model_runner.local.step.forward import steer
 
 MAX_NGRAM = 3  # longest suffix matched by prompt lookup (vLLM's prompt_lookup_max default is 5; short prompts here)
 PROPOSE = 4  # tokens proposed per step

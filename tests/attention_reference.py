@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from model_runner.local.attention_inspect import BINS, TOP_K, bin_width
+from model_runner.local.model.attention_inspect import BINS, TOP_K, bin_width
 
 
 def eager_weights(model, ids: list[int]) -> torch.Tensor:

@@ -1,15 +1,15 @@
 """Stepping one decoder's batched forward over a pool of its own, the way the engine steps it, so two decoders
 (or two companies) can be given the same rows and their logits and K/V rows compared (tests of
-model_runner/local/native.py, on the fake model and on the real one)."""
+model_runner/local/model/native.py, on the fake model and on the real one)."""
 
 from __future__ import annotations
 
 import torch
 from kvscope_testkit import ask
 
-from model_runner.local.forward import BatchForward
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.scheduler import Work
+from model_runner.local.step.forward import BatchForward
 from model_runner.shared.sequence import Sequence
 
 BLOCK = 16

@@ -44,7 +44,7 @@ _KERNEL_STEP = contextvars.ContextVar("kvscope_kernel_step", default=False)
 def kernel_step():
     """Inside: a step whose rows all run on the kernels' weights and the head's int8 pass whatever their count:
     a step of decode tokens only (one new token a request), however many requests share it, or a small step
-    mixing chunks of chunked prefills with decodes (mixed_kernel_rows(), core/forward.py on_kernels). 16 decode rows on torch's int4 kernel take
+    mixing chunks of chunked prefills with decodes (mixed_kernel_rows(), local/step/forward.py on_kernels). 16 decode rows on torch's int4 kernel take
     about half float32's time on this AVX-512 CPU (measured, docs/performance.md), and a batch of 16 on the
     float32 copies ran 172 ms a step against 59 ms for 8 (the serving chapter's recording before this)."""
     token = _KERNEL_STEP.set(True)
@@ -169,7 +169,7 @@ class Int4Siblings:
 
     def joined(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every sibling's output for x at once, [rows, Σ out_features], side by side in sibling order: the one
-        int4 call their forwards share, bit for bit (the native step, local/native.py, takes it whole). None
+        int4 call their forwards share, bit for bit (the native step, local/model/native.py, takes it whole). None
         where the forwards would not make that call: a prompt's rows on the float weights, or biases to add."""
         flat = _rows(x, x.shape[-1])
         if self.biased or on_float_weights(self.layers[0], flat):

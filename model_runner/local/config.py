@@ -13,7 +13,7 @@ EVENT_BUFFER = 1024  # events a client may fall behind before it is dropped as s
 BLOCK_SIZE = 16  # tokens per paged KV block (vLLM's default)
 POLICY = Policy()  # continuous batching, 16 requests, 512 tokens a step, chunking and prefix caching off
 CUDA_GRAPHS = "auto"  # decode steps replayed as CUDA graphs where the device is CUDA
-DECODERS = ("auto", "native", "transformers")  # local/decoders.py
+DECODERS = ("auto", "native", "transformers")  # local/model/decoders.py
 DECODER_HELP = (
     "which code runs a step: auto (native for Llama-family models: Llama, SmolLM2, Qwen2, Qwen3; transformers for "
     "the rest), native (kvscope's plain-torch decoder step over the paged pool) or transformers (the model's own "
@@ -34,10 +34,10 @@ class EngineConfig:
     policy: Policy = field(default_factory=lambda: POLICY)  # the starting policy; changed at run time
     feed_text: bool = False  # allow prompt and answer text in the engine feed (observers)
     # Decode steps as CUDA graphs: "auto" (on CUDA), "off" (eager), "padded" (the graphs' padded step, no
-    # graph: how the CPU tests it). See core/graphs.py.
+    # graph: how the CPU tests it). See local/step/graphs.py.
     cuda_graphs: str = CUDA_GRAPHS
-    # Batch-invariant decoding (local/invariant.py): a request's logits the same bits whatever its company;
+    # Batch-invariant decoding (local/step/invariant.py): a request's logits the same bits whatever its company;
     # decode rows padded to the starting policy's max_num_seqs, prompts alone, prefix caching off, no graphs.
     batch_invariant: bool = False
-    # Which decoder runs a step (local/decoders.py): auto (native for the Llama family), native or transformers.
+    # Which decoder runs a step (local/model/decoders.py): auto (native for the Llama family), native or transformers.
     decoder: str = "auto"

@@ -1,5 +1,5 @@
 """The engine: one worker thread owns the model and the paged KV pool and runs `step()` =
-schedule → one batched forward (core/runner.py: a decode token for each running request plus prefill
+schedule → one batched forward (local/step/forward.py: a decode token for each running request plus prefill
 chunks of newly admitted ones) → postprocess (core/postprocess.py: sample per request, stop checks, events).
 Any thread may submit, cancel, change the scheduling policy or hold admissions (core/controls.py);
 each request's events go to its own bounded stream and the engine feed (local/announce.py) goes to
@@ -22,13 +22,12 @@ from model_runner.loading.loader import LoadedModel, ModelFacts, load
 from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
 from model_runner.local.controls import AdmissionControls
-from model_runner.local.decoders import decoder_report
-from model_runner.local.forward import BatchForward
-from model_runner.local.invariant import Invariance, check_kernels
 from model_runner.local.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
+from model_runner.local.model.decoders import decoder_report
 from model_runner.local.postprocess import Postprocess, terminal_event
-from model_runner.local.runner import run_step
 from model_runner.local.scheduler import Scheduler, StepPlan
+from model_runner.local.step.forward import BatchForward, run_step
+from model_runner.local.step.invariant import Invariance, check_kernels
 from model_runner.request import GenerateParams
 from model_runner.shared.base import EngineBase
 from model_runner.shared.feed import EngineFeed
@@ -256,7 +255,7 @@ class Engine(EngineBase, AdmissionControls):
         return self._forwards[invariant]
 
     def decoder(self) -> dict[str, Any] | None:
-        """Which decoder runs the steps and why (local/decoders.py); None until the model is loaded."""
+        """Which decoder runs the steps and why (local/model/decoders.py); None until the model is loaded."""
         return self._decoder
 
     def snapshot(self) -> dict[str, Any]:
@@ -271,7 +270,7 @@ class Engine(EngineBase, AdmissionControls):
                 "policy": self.scheduler.policy.to_dict(),
                 "kv": self._usage,  # the worker's copy: the pool is touched by the worker only
                 "decode": self._forward.report() if self._forward is not None else None,  # CUDA graphs
-                "decoder": self._decoder,  # native or transformers (local/decoders.py)
+                "decoder": self._decoder,  # native or transformers (local/model/decoders.py)
                 "batch_invariant": self.batch_invariance(),
             }
 

@@ -63,7 +63,7 @@ class Scheduler:
     def __init__(self, max_queue: int, policy: Policy = Policy(), batch_invariant: bool = False):
         self.max_queue = max_queue
         self.policy = policy
-        # Batch-invariant mode (local/invariant.py): a prompt's pieces are set by the request alone (never cut
+        # Batch-invariant mode (local/step/invariant.py): a prompt's pieces are set by the request alone (never cut
         # to what the company left of the budget), no prefix is shared, a preempted request replays its shapes.
         self.batch_invariant = batch_invariant
         self.waiting: deque[Sequence] = deque()

@@ -55,7 +55,7 @@ class Sequence:
     released_text: str = ""
     # For requests with `prompt_logprobs`: per prompt position, (log-probability of its token given the
     # tokens before it, [(id, log-probability) of the likeliest alternatives]); None at position 0 and
-    # until its prefill has run. Filled by the batched forward (local/prompt_logprobs.py), read after the end.
+    # until its prefill has run. Filled by the batched forward (local/step/prompt_logprobs.py), read after the end.
     prompt_logprobs: list | None = None
 
     @property

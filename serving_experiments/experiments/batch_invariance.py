@@ -1,5 +1,5 @@
 """Why the same prompt can answer differently: greedy requests sent alone, then all together in one batch,
-first on the engine's default route and then in batch-invariant mode (model_runner/local/invariant.py); for
+first on the engine's default route and then in batch-invariant mode (model_runner/local/step/invariant.py); for
 each request whether its batched answer is its lone one, where the first one parts, the two candidates there
 with their probabilities and logit gap alone and batched, and what each mode's steps cost."""
 

@@ -1,4 +1,4 @@
-"""Batch-invariant decoding on the bundled model (model_runner/local/invariant.py): 16 greedy requests sent
+"""Batch-invariant decoding on the bundled model (model_runner/local/step/invariant.py): 16 greedy requests sent
 together get their 16 lone answers, every step's logits the same bits, on the default route (int4 kernels,
 float32 prompts, the int8 head rescored in float32) and on float32; the start-up kernel check claims the
 mode on this CPU. Run once with AVX2 kernels forced as well (ATEN_CPU_CAPABILITY=avx2

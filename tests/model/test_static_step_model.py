@@ -1,4 +1,4 @@
-"""The padded decode step that CUDA graphs replay (local/static_step.py), on the product's model in float32
+"""The padded decode step that CUDA graphs replay (local/step/static_step.py), on the product's model in float32
 on the CPU: four requests decoding together get the eager step's greedy tokens up to a near-tie (padded keys
 and rows round the sums otherwise), and with them the same KV figures, and their decode steps really ran
 padded (4 rows, keys to a power of two)."""

@@ -10,7 +10,7 @@ from attention_reference import check_against, eager_weights
 from kvscope_testkit import ask, events_of
 
 from model_runner.errors import UserError
-from model_runner.local.attention_inspect import BINS, TOP_K, sharpest_heads, summarize
+from model_runner.local.model.attention_inspect import BINS, TOP_K, sharpest_heads, summarize
 from model_runner.request import parse_generate
 from model_runner.text.prompt import plan
 

@@ -1,4 +1,4 @@
-"""Batch-invariant decoding (model_runner/local/invariant.py) on the test model: in the mode a request's
+"""Batch-invariant decoding (model_runner/local/step/invariant.py) on the test model: in the mode a request's
 logits at every step are the same bits alone and among 1 to 16 others, sent together or arriving while the
 others decode, prefilled whole or in chunks, greedy or seeded, with prefix caching asked for, and when the
 pool is too small and requests are preempted; on float32 and on the int4 route's kernels. Also what the
@@ -12,8 +12,8 @@ from kvscope_testkit import Recorder, ask, blocks_mb, events_of, start_engine, s
 from torch import nn
 
 from model_runner.errors import UserError
-from model_runner.local.invariant import check_kernels
 from model_runner.local.scheduler import Scheduler
+from model_runner.local.step.invariant import check_kernels
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence
 

@@ -179,7 +179,7 @@ def test_batching_refuses_what_it_cannot_do_in_one_line(capsys):
 
 def test_transformers_generate_batch_runs_beside_an_engine_on_kvscopes_attention():
     from model_runner.loading import loader
-    from model_runner.local.attention_inspect import IMPLEMENTATION, register
+    from model_runner.local.model.attention_inspect import IMPLEMENTATION, register
 
     model = loader.load("fake", "cpu", "auto").model.base  # the test model's real Llama
     model.set_attn_implementation(register())  # as the engine's transformers decoder leaves it

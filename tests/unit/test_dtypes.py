@@ -227,7 +227,7 @@ def _work(kind: str, tokens: int, cached: int, chunked: bool = True) -> Work:
 
 @pytest.mark.parametrize(("capability", "limit"), [("AVX512", 40), ("AVX2", FLOAT_ROWS - 1)])
 def test_which_steps_run_on_the_kernels(monkeypatch, capability, limit):
-    from model_runner.local.forward import on_kernels
+    from model_runner.local.step.forward import on_kernels
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     decodes = [_work("decode", 1, 5) for _ in range(8)]
@@ -243,8 +243,8 @@ def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
     """For each quantized layer's call in one BatchForward step over `work` (the head's included): its rows and
     whether it ran on the float32 weights."""
     from model_runner.loading import quantize
-    from model_runner.local.forward import BatchForward
     from model_runner.local.kv_cache import PagedKVPool
+    from model_runner.local.step.forward import BatchForward
 
     loaded = loader.load("fake", "cpu", "int4")
     monkeypatch.setattr(quantize, "_prompt_rows", spy := _Spy(quantize._prompt_rows))

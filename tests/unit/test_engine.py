@@ -8,7 +8,7 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import events_of, wait_until
 
-import model_runner.local.runner as runner
+import model_runner.local.step.forward as runner
 from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.request import parse_generate

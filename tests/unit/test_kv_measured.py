@@ -11,9 +11,9 @@ import torch
 from kvscope_testkit import ask, events_of
 
 from model_runner.loading import loader
-from model_runner.local.forward import BatchForward
 from model_runner.local.kv_cache import SENTINEL, PagedKVPool
 from model_runner.local.scheduler import Work
+from model_runner.local.step.forward import BatchForward
 from model_runner.shared.sequence import Sequence
 
 BLOCK = 16

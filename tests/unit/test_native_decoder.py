@@ -1,4 +1,4 @@
-"""The native decoder step (model_runner/local/native.py) against transformers' forward over the same paged
+"""The native decoder step (model_runner/local/model/native.py) against transformers' forward over the same paged
 pool: bit for bit wherever the two run the same shapes (prompts, chunks, a lone decode, the padded static step,
 batch-invariant mode), the same K and V written to the same slots, the same attention summaries; a decode step
 of several rows, which the native step attends row by row, within float32's rounding of the packed one; the
@@ -24,11 +24,11 @@ from transformers import (
 
 from model_runner.errors import UserError
 from model_runner.loading import loader
-from model_runner.local.decoders import decoder_for, decoder_report
 from model_runner.local.engine import Engine, EngineConfig
-from model_runner.local.invariant import InvariantSteps
 from model_runner.local.kv_cache import PagedKVPool
-from model_runner.local.native import NativeLlama, native_support
+from model_runner.local.model.decoders import decoder_for, decoder_report
+from model_runner.local.model.native import NativeLlama, native_support
+from model_runner.local.step.invariant import InvariantSteps
 
 BLOCK = 16  # tokens per block of the pools made here
 

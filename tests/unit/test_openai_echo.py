@@ -1,5 +1,5 @@
 """Echo with prompt logprobs (POST /v1/completions, lm-eval's loglikelihood): each prompt token's
-log-probability comes from the prompt's one prefill (model_runner/local/prompt_logprobs.py) and equals
+log-probability comes from the prompt's one prefill (model_runner/local/step/prompt_logprobs.py) and equals
 the model's own log-softmax from a plain forward, whole, in chunks, or after a prefix-cache hit; rows
 that do not ask keep one position each, as before; the answer is OpenAI's shape (the first null)."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from app import create_app
-from model_runner.local.prompt_logprobs import kept_positions
 from model_runner.local.scheduler import Work
+from model_runner.local.step.prompt_logprobs import kept_positions
 from model_runner.request import parse_generate
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence

@@ -1,10 +1,10 @@
-"""The static-shape decode step (local/static_step.py) on the test model, on the CPU: buckets are powers
+"""The static-shape decode step (local/step/static_step.py) on the test model, on the CPU: buckets are powers
 of two and bounded; its device-built mask is build_attention_mask's for decode rows; at the batch's own
 shapes it gives the eager step's logits bit for bit; at one fixed shape a row's logits and KV writes are
 the same bit for bit whatever the other rows hold (padding, other requests, their lengths); padding rows
 or keys (another shape) change the logits by rounding only (tests/numerics.py) and write nothing outside
 the trash; an engine running it gives the same events and KV figures as the eager one; a batch wider
-than its buffers, or a failed graph capture, runs without it instead of failing (local/graphs.py)."""
+than its buffers, or a failed graph capture, runs without it instead of failing (local/step/graphs.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from kvscope_testkit import ask, events_of
 from numerics import assert_same_choices, assert_within_rounding, logit_tolerance
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
-import model_runner.local.static_step as static_step
+import model_runner.local.step.static_step as static_step
 from model_runner.loading import loader
-from model_runner.local import graphs
 from model_runner.local.config import POLICY
-from model_runner.local.forward import BatchForward
 from model_runner.local.kv_cache import FULL, PagedKVPool
 from model_runner.local.scheduler import Work
-from model_runner.local.static_step import MIN_KEYS, Bucket, StaticDecodeStep, bucket_for, decode_mask
+from model_runner.local.step import graphs
+from model_runner.local.step.forward import BatchForward
+from model_runner.local.step.static_step import MIN_KEYS, Bucket, StaticDecodeStep, bucket_for, decode_mask
 from model_runner.shared.sequence import Sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

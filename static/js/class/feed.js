@@ -60,7 +60,7 @@ export const { mount, destroy } = defineFigure((el, figure) => {
     } catch { /* the feed's class_state says the same once it comes */ }
   }
 
-  // The engine checks the mode's kernels as its next step starts (model_runner/local/invariant.py): a
+  // The engine checks the mode's kernels as its next step starts (model_runner/local/step/invariant.py): a
   // mode switched on before that says nothing of its claim, so the first step after it asks again.
   async function refreshMode() {
     askedModeAt = performance.now();

@@ -1,5 +1,5 @@
 """The engine's two decoders of a PagedStep and the choice between them (`--decoder`): the native step for the
-Llama family (local/native.py), and transformers' own forward through its paged attention for every other
+Llama family (local/model/native.py), and transformers' own forward through its paged attention for every other
 architecture. `auto` takes the native step wherever it runs the model exactly as transformers does."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 
 from model_runner.errors import UserError
-from model_runner.local.attention_inspect import IMPLEMENTATION, PROBE_KWARG, register
 from model_runner.local.config import DECODERS
 from model_runner.local.kv_cache import FULL
-from model_runner.local.native import NativeLlama, native_support
-from model_runner.local.paged_step import Decoder, PagedStep
+from model_runner.local.model.attention_inspect import IMPLEMENTATION, PROBE_KWARG, register
+from model_runner.local.model.native import NativeLlama, native_support
+from model_runner.local.model.paged_step import Decoder, PagedStep
 
 # Attentions that take the paged cache: kvscope's sdpa (transformers' sdpa unless a request is
-# inspected, local/attention_inspect.py) and transformers' paged eager.
+# inspected, local/model/attention_inspect.py) and transformers' paged eager.
 PAGED_ATTENTION = (IMPLEMENTATION, "paged|eager")
 
 

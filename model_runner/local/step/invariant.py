@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from model_runner.loading.quantize import QUANTIZED, kernel_step
-from model_runner.local.attention_inspect import attention_forward as default_attention_forward
+from model_runner.local.model.attention_inspect import attention_forward as default_attention_forward
 from model_runner.local.scheduler import Work
 
 IMPLEMENTATION = "kvscope_row_attention"  # the model's attention while an engine runs in the mode
@@ -53,7 +53,7 @@ def row_by_row():
 
 
 def row_by_row_active() -> bool:
-    """Whether the forward running now is one of the mode's (the native step reads it: local/native.py)."""
+    """Whether the forward running now is one of the mode's (the native step reads it: local/model/native.py)."""
     return _ROW_BY_ROW.get()
 
 

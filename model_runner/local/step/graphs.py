@@ -1,4 +1,4 @@
-"""CUDA graphs of the static decode step (core/static_step.py): each bucket's step is captured on first
+"""CUDA graphs of the static decode step (local/step/static_step.py): each bucket's step is captured on first
 use — one warm-up run on a side stream, the capture into a memory pool all buckets share, one replay —
 and replayed from then on, so a decode step costs one launch instead of hundreds of small kernels launched
 from Python. A bucket whose capture fails runs the static step eagerly from then on (logged, counted):
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from model_runner.local.static_step import Bucket, StaticDecodeStep
+from model_runner.local.step.static_step import Bucket, StaticDecodeStep
 
 log = logging.getLogger("kvscope.engine")
 

@@ -1,6 +1,6 @@
 """The contract between the engine's forwards and its decoders: a `PagedStep` (one packed forward over the
 paged KV pool: the rows' new tokens, their positions, the slots they write and read, their mask) and the
-`Decoder` that runs it — transformers' model call or the native step (local/decoders.py)."""
+`Decoder` that runs it — transformers' model call or the native step (local/model/decoders.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 @dataclass
 class PagedStep:
     """One packed forward of the engine over the pool: T new tokens of R rows, K keys read in all.
-    Both decoders (local/decoders.py) take it; the batched forward and the static step build it."""
+    Both decoders (local/model/decoders.py) take it; the batched forward and the static step build it."""
 
     ids: torch.Tensor  # [T] token ids
     positions: torch.Tensor  # [T] each token's position in its request
@@ -27,9 +27,9 @@ class PagedStep:
     write: torch.Tensor  # [T] int64 the pool slot each new token's K and V go to
     read: torch.Tensor  # [K] int64 the pool slots read as keys, row by row ([0]: the new tokens only)
     keep: torch.Tensor | int  # [N] int64 the tokens whose logits are wanted, or 0 for all T
-    probe: object | None = None  # attention inspection (local/attention_inspect.py), or None
+    probe: object | None = None  # attention inspection (local/model/attention_inspect.py), or None
     # Every row is one new token after its past and max_k is the longest row's keys (not a padded width):
-    # the native step may then attend row by row over gathered keys (local/native.py DecodeRows).
+    # the native step may then attend row by row over gathered keys (local/model/native.py DecodeRows).
     decode_rows: bool = False
 
 
@@ -41,7 +41,7 @@ class Decoder(Protocol):
     def run(self, step: PagedStep) -> torch.Tensor:  # [kept tokens, vocab]
         ...
 
-    def inspects(self) -> bool:  # whether a step's attention probe (local/attention_inspect.py) is filled
+    def inspects(self) -> bool:  # whether a step's attention probe (local/model/attention_inspect.py) is filled
         ...
 
     def needs_mask(self, step: PagedStep) -> bool:  # whether `step` must carry its packed mask

@@ -1,7 +1,7 @@
 """The decode step at static shapes: a decode-only batch (one new token per request) padded to a bucket
 of rows (1, 2, 4, 8, 16 …) and of keys (a power of two, at least 256), its inputs written in place into
 buffers kept for the pool's life and its mask built on the device from them, so every step of a bucket
-runs the same kernels on the same memory — what a CUDA graph captures once and replays (core/graphs.py).
+runs the same kernels on the same memory — what a CUDA graph captures once and replays (local/step/graphs.py).
 Padding rows write to the pool's write-trash slot and see no key; padding keys read the read-trash slot
 (zeros, never written) and no real row sees them, so tokens, events and KV accounting are the unpadded
 step's. Bucket sizes follow transformers' continuous batching (`pad_to_pow2`)."""
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.continuous_batching.utils import pad_to_pow2
 
-from model_runner.local.decoders import decoder_for
 from model_runner.local.kv_cache import FULL, PagedKVPool
-from model_runner.local.paged_step import Decoder, PagedStep
+from model_runner.local.model.decoders import decoder_for
+from model_runner.local.model.paged_step import Decoder, PagedStep
 from model_runner.local.scheduler import Work
 
 MAX_ROWS = 256  # the scheduler's largest batch (POLICY_LIMITS["max_num_seqs"])

@@ -17,9 +17,9 @@ from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 from transformers.modeling_utils import slice_logits_to_keep
 
-from model_runner.local import invariant
 from model_runner.local.kv_cache import FULL
-from model_runner.local.paged_step import PagedStep
+from model_runner.local.model.paged_step import PagedStep
+from model_runner.local.step import invariant
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # config.model_type of the decoder layers this step runs (Qwen3: head norms)
 SILU = (SiLUActivation, nn.SiLU)  # transformers' "silu" and "swish": both nn.functional.silu
@@ -255,7 +255,7 @@ class NativeLlama:
 
     def _attend_rows(self, q, keys, values, step: PagedStep) -> torch.Tensor:
         """Batch-invariant attention: each row's queries over its own keys only, at shapes of its own
-        (local/invariant.py); a row with no keys (padding) gets zeros."""
+        (local/step/invariant.py); a row with no keys (padding) gets zeros."""
         cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
         outputs = []
         for row in range(len(cu_q) - 1):

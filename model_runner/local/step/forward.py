@@ -1,25 +1,32 @@
-"""The batched forward: one packed step (local/paged_step.py) for a ragged batch of (request, new tokens)
-rows over the paged KV pool, run by the engine's decoder (local/decoders.py: the native step or transformers'
-paged attention), which writes each row's new keys and values into its blocks and reads its past from them.
-Also the unbatched recompute forward of a request that runs without a KV cache."""
+"""The batched forward: one packed step (local/model/paged_step.py) for a ragged batch of (request, new
+tokens) rows over the paged KV pool, run by the engine's decoder (local/model/decoders.py: the native step or
+transformers' paged attention), which writes each row's new keys and values into its blocks and reads its past
+from them; the unbatched recompute forward of a request that runs without a KV cache; and `run_step`, one
+engine step's passes: when the batched forward fails, each request runs alone, so only those that fail on
+their own are reported (the caller ends them)."""
 
 from __future__ import annotations
 
+import logging
+import traceback
 from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
+from model_runner.loading.loader import LoadedModel
 from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
-from model_runner.local import prompt_logprobs
-from model_runner.local.attention_inspect import make_probe
-from model_runner.local.decoders import decoder_for
-from model_runner.local.graphs import DecodeGraphs, graphs_wanted
-from model_runner.local.invariant import InvariantSteps
 from model_runner.local.kv_cache import PagedKVPool
-from model_runner.local.paged_step import PagedStep
-from model_runner.local.scheduler import Work
-from model_runner.local.static_step import StaticDecodeStep, is_decode_batch
+from model_runner.local.model.attention_inspect import make_probe
+from model_runner.local.model.decoders import decoder_for
+from model_runner.local.model.paged_step import PagedStep
+from model_runner.local.scheduler import StepPlan, Work
+from model_runner.local.step import prompt_logprobs
+from model_runner.local.step.graphs import DecodeGraphs, graphs_wanted
+from model_runner.local.step.invariant import InvariantSteps
+from model_runner.local.step.static_step import StaticDecodeStep, is_decode_batch
 from model_runner.shared.sequence import Sequence
 
 
@@ -52,8 +59,8 @@ class BatchForward:
     ):
         """cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
         "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step).
-        invariant_rows: batch-invariant mode (local/invariant.py) with decode rows padded to this many; no graphs.
-        decoder: auto, native or transformers (local/decoders.py)."""
+        invariant_rows: batch-invariant mode (local/step/invariant.py) with decode rows padded to this many; no graphs.
+        decoder: auto, native or transformers (local/model/decoders.py)."""
         self.model, self.pool = model, pool
         self.decoder = decoder_for(model, pool, decoder)
         self.device = model.device
@@ -77,7 +84,7 @@ class BatchForward:
         """rows (blocks already reserved) → logits of the rows that want them: [n_wanting, vocab], float32
         on the CPU (one transfer for the step). Each row's tokens sit at positions seq.cached … seq.cached +
         len(tokens) − 1. A decode-only batch runs the static step when there is one; the rest run eagerly."""
-        if self.invariant is not None:  # every row at shapes of its own (local/invariant.py)
+        if self.invariant is not None:  # every row at shapes of its own (local/step/invariant.py)
             logits = self.invariant(rows)
         else:
             with kernel_step() if on_kernels(rows) else nullcontext():
@@ -181,3 +188,70 @@ def steer(model, histories: list[list[int]], logits: torch.Tensor) -> torch.Tens
     """Models that script their answer (the test model) bias each row from its token history."""
     hook = getattr(model, "steer_logits", None)
     return hook(histories, logits) if hook is not None else logits
+
+
+log = logging.getLogger("kvscope.engine")
+
+
+Forward = Callable[[list[Work]], torch.Tensor]  # the batched forward: [rows that want logits, vocab]
+
+
+@dataclass
+class StepOutput:
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # id(work) → logits row [vocab]
+    failures: dict[Sequence, Exception] = field(default_factory=dict)  # requests whose forward failed alone
+
+
+def run_step(batch: StepPlan, forward: Forward, loaded: LoadedModel, pool: PagedKVPool) -> StepOutput:
+    """The step's forward passes; a failed batch is undone and retried request by request."""
+    cached = {id(w): w.seq.cached for w in batch.work}  # to undo a failed step's bookkeeping
+    try:
+        return StepOutput(logits=_run(batch, forward, loaded, pool))
+    except Exception as exc:
+        for work in batch.work:
+            work.seq.cached = cached[id(work)]
+        return _isolate_failure(batch, exc, forward, loaded, pool)
+
+
+def _run(batch: StepPlan, forward: Forward, loaded: LoadedModel, pool: PagedKVPool) -> dict[int, torch.Tensor]:
+    rows: dict[int, torch.Tensor] = {}
+    if batch.work:
+        completing = pool.completing_step([(w.seq, len(w.tokens)) for w in batch.work])
+        logits = forward(batch.work)  # [wanting rows, vocab]
+        pool.completed_step([w.seq for w in batch.work], completing)
+        wanting = [w for w in batch.work if w.wants_logits]
+        rows.update({id(w): logits[i] for i, w in enumerate(wanting)})
+    for work in batch.recompute:
+        rows[id(work)] = recompute_forward(loaded.model, work.seq)[0]
+    _sync(loaded.facts.device)
+    return rows
+
+
+def _isolate_failure(
+    batch: StepPlan, exc: Exception, forward: Forward, loaded: LoadedModel, pool: PagedKVPool
+) -> StepOutput:
+    """A batched forward failed: run each request of the step alone, so only the ones that fail
+    on their own end with an error and the others carry on (the worker lives on either way)."""
+    log.error("model step failed: %s", exc)
+    log.debug("%s", traceback.format_exc())
+    alone = [StepPlan(work=[w]) for w in batch.work] + [StepPlan(recompute=[w]) for w in batch.recompute]
+    out = StepOutput()
+    for single in alone:
+        seq = (single.work + single.recompute)[0].seq
+        cached = seq.cached
+        try:
+            if len(alone) == 1:
+                raise exc
+            out.logits.update(_run(single, forward, loaded, pool))
+        except Exception as failure:
+            seq.cached = cached
+            out.failures[seq] = failure
+    return out
+
+
+def _sync(device: str) -> None:
+    """Wait for the device, so the step's time is the model's work and not only its launch."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
