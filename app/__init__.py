@@ -74,9 +74,12 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.from_mapping(test_config)
     app.logger.setLevel(app.config["LOG_LEVEL"])  # one line per request outcome goes to the server log
 
-    from app import api, engine_ext, errors, experiments, metrics, pages, security, ws
+    # The shared floor first, then each door (a feature room: no room imports another).
+    from app import api, engine_ext, errors, experiments, metrics, pages, security
     from app.classroom import routes as classroom
+    from app.openai import responses  # noqa: F401  (adds POST /v1/responses to the /v1 blueprint)
     from app.openai import routes as openai_api
+    from app.ws import routes as ws
 
     errors.init_app(app)  # one error mapping: UserError code → status, in each blueprint's shape
     engine_ext.init_app(app)
@@ -87,5 +90,5 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(openai_api.bp)  # /v1: the OpenAI-compatible API
     experiments.init_app(app)  # /api/experiments: the serving chapter's measured experiments
     metrics.init_app(app)  # GET /metrics (Prometheus); needs the engine, so after engine_ext
-    ws.init_app(app)
+    ws.init_app(app, seat_for_socket=classroom.seat_for_socket)  # a classroom seat for each socket that has one
     return app

@@ -6,24 +6,16 @@ Every error answer is `{code, field, message}`, the same shape as the WebSocket 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from app.engine_ext import get_engine
+from app.model_names import public_source
 from app.protocol import parse_json_object
-from app.security import is_loopback, origin_refusal
+from app.security import origin_refusal, policy_changes_allowed
 from model_runner.errors import UserError
 from model_runner.request import LIMITS, parse_generate
 
 bp = Blueprint("api", __name__)
-
-
-def public_source(text: str | None) -> str | None:
-    """A name or source fit to show to any client: a filesystem path is cut to its last part."""
-    if not text or not (text.startswith(("/", "~", "\\")) or (len(text) > 2 and text[1:3] in (":\\", ":/"))):
-        return text
-    return Path(text.replace("\\", "/")).name or text
 
 
 def public_facts(facts) -> dict:
@@ -84,15 +76,6 @@ def engine_state():
     engine = get_engine()
     engine.describe_ready()  # model_loading / model_failed, as for every other model call
     return jsonify(engine.snapshot())
-
-
-def policy_changes_allowed() -> bool:
-    """Whether this server lets clients change scheduling policies (POST /api/engine/policy and the
-    experiments that set one): ALLOW_POLICY_CHANGES when set, else only when listening on loopback."""
-    allowed = current_app.config.get("ALLOW_POLICY_CHANGES")
-    if allowed is None:
-        allowed = is_loopback(str(current_app.config["BIND_HOST"]).strip("[]").lower())
-    return bool(allowed)
 
 
 @bp.post("/api/engine/policy")
