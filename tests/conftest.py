@@ -41,6 +41,8 @@ from kvscope_testkit import (
 )
 
 TESTS = Path(__file__).resolve().parent
+# One numeric configuration per process, set at session start before any fixture (tests/numeric_config.py).
+pytest_plugins = ["numeric_config"]
 TIERS = ("unit", "live", "browser", "model", "reliability", "remote", "vllm")  # remote, vllm: their own make targets
 # A test that uses one of these fixtures needs that marker, whichever folder it sits in.
 NEEDS = {"browser": {"page", "context", "browser"}, "model": {"real_engine", "real_engine_float32", "real_server"}}
@@ -122,18 +124,6 @@ real_engine = config_of("shared_engine", "default")
 # The bundled model in float32: where a test needs bit-for-bit results that the quantized default
 # (int4/int8 weights on bf16 inputs) does not promise, e.g. batched tokens equal to lone ones.
 real_engine_float32 = config_of("shared_engine", "default", dtype="float32")
-
-
-@pytest.fixture
-def one_torch_thread():
-    """The fake model's matrices are tiny: on two busy cores torch's second thread only contends
-    (a step takes ~10x longer), so a test using this runs torch on one thread and restores it after."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---- Playwright: Debian's Chromium, never a downloaded browser ---------------------------------

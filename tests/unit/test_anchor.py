@@ -53,7 +53,7 @@ def test_stamps_become_prefill_and_decode_speed():
     }
 
 
-def test_the_dtypes_run_reports_why_the_anchor_did_not_run(tmp_path, capsys, one_torch_thread):
+def test_the_dtypes_run_reports_why_the_anchor_did_not_run(tmp_path, capsys):
     out = tmp_path / "dtypes.json"
     args = argparse.Namespace(
         dtypes=None, anchor="llamacpp", model="fake", device="auto", prompt_lens=(24,), output_lens=(4,),

@@ -17,8 +17,6 @@ from model_runner.local.step.invariant import check_kernels
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROBE = "What does a KV cache hold, in one line?"
 TOKENS = 24
 COMPANY = [f"company {i}: " + "tell me something " * (1 + i % 5) for i in range(16)]

@@ -27,8 +27,6 @@ LONG = "Please explain how a paged KV cache shares blocks. " * 3  # 208 tokens: 
 SHORT_SYSTEM = "s"  # a prompt of 30 tokens + the question's characters
 ANSWER_TOKENS = len(ANSWER.encode()) + 1  # one token a byte, then the end-of-turn token
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def read_until(handle, predicate, timeout: float = 30.0) -> list[dict]:
     """Read a request's events until one matches (returned last); fails on its end or a timeout."""

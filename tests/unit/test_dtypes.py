@@ -109,7 +109,7 @@ def test_int8_keeps_the_parameter_count_and_stores_fewer_bytes():
 
 
 @pytest.mark.parametrize("dtype", ["auto", *sorted(ROUTES)])
-def test_every_route_serves_the_scripted_answer_with_the_live_kv_check(engine_factory, one_torch_thread, dtype):
+def test_every_route_serves_the_scripted_answer_with_the_live_kv_check(engine_factory, dtype):
     engine = engine_factory(model="fake", dtype=dtype)
     events = events_of(engine.submit(ask(max_new_tokens=24)))
     assert events[-1]["type"] == "finished"
@@ -314,7 +314,7 @@ def test_agreement_counts_identical_answers_and_first_differences():
     assert a["tokens_before_divergence_share"] == round((4 + 2 + 2) / 10, 4)
 
 
-def test_bench_dtypes_runs_both_routes_in_one_run(tmp_path, capsys, one_torch_thread):
+def test_bench_dtypes_runs_both_routes_in_one_run(tmp_path, capsys):
     out = tmp_path / "dtypes.json"
     args = argparse.Namespace(
         dtypes="float32,int8", model="fake", device="auto", prompt_lens=(24,), output_lens=(6,), concurrency=(2,),
@@ -346,7 +346,7 @@ def test_serve_s_preflight_on_cuda_leaves_cuda_uninitialised_for_gunicorn_s_fork
         loader.preflight("default", "cuda", "int8")
 
 
-def test_bench_dtypes_compares_the_native_decoder_with_transformers_on_one_route(tmp_path, capsys, one_torch_thread):
+def test_bench_dtypes_compares_the_native_decoder_with_transformers_on_one_route(tmp_path, capsys):
     out = tmp_path / "decoders.json"
     args = argparse.Namespace(
         dtypes="float32:transformers,float32:native", model="fake", device="auto", prompt_lens=(24,),

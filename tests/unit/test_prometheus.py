@@ -29,8 +29,6 @@ DASHBOARD_NAMES = (
     "vllm:kv_cache_usage_perc",
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def scrape(client) -> dict[str, dict]:
     """{family name: {"type": ..., "samples": {(sample name, frozenset(labels)): value}}}."""

@@ -23,7 +23,6 @@ from model_runner.loading.quantize import (
     weight_count_and_bytes,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 

@@ -24,7 +24,6 @@ from model_runner.local.step.forward import BatchForward
 from model_runner.local.step.static_step import MIN_KEYS, Bucket, StaticDecodeStep, bucket_for, decode_mask
 from model_runner.shared.sequence import Sequence
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [5, 12, 19]  # prompt lengths: three requests whose pasts differ, one across a block boundary
 DECODES = 20
 

@@ -111,7 +111,7 @@ def test_the_token_id_stream_becomes_ids_and_stamps_with_the_end_token(canned):
     assert both["clients"] == 2 and both["tokens"] == 6 and both["tokens_per_s"] > 0
 
 
-def test_the_dtypes_run_reports_why_the_vllm_anchor_did_not_run(tmp_path, capsys, one_torch_thread):
+def test_the_dtypes_run_reports_why_the_vllm_anchor_did_not_run(tmp_path, capsys):
     out = tmp_path / "dtypes.json"
     args = argparse.Namespace(
         dtypes=None, anchor="vllm", model="fake", device="auto", prompt_lens=(24,), output_lens=(4,),
