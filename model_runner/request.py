@@ -15,6 +15,7 @@ from model_runner.fields import check_bool, check_choice, check_int, check_numbe
 ROLES = ("system", "user", "assistant", "retrieved")
 DELIVERY_MODES = ("stream", "buffered")
 OVERFLOW_POLICIES = ("reject", "truncate_history", "shrink_output")
+DEFAULT_MAX_NEW_TOKENS = 128  # the protocol's answer length when `max_new_tokens` is absent
 LIMITS = {
     "messages": 50,
     "content_chars": 20_000,
@@ -71,7 +72,7 @@ class SamplingParams:
 @dataclass(frozen=True)
 class GenerateParams:
     messages: tuple[Message, ...]
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS  # None: to the end of the context window (/v1's default)
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     delivery: str = "stream"
@@ -95,6 +96,9 @@ class GenerateParams:
     # A prompt sent as token ids (POST /v1/completions): run as sent, never re-tokenized; the one message
     # holds its decoded text. Empty: the prompt is the messages' text.
     prompt_ids: tuple[int, ...] = ()
+    # What the answer must match (model_runner/shared/constraints.py's Constraint: a JSON schema, a regex,
+    # one of some choices, a grammar); None = free text.
+    constraint: Any = None
 
 
 # ---- validation -----------------------------------------------------------------------------
@@ -324,13 +328,14 @@ def parse_generate(data: Any, limits: dict | None = None, roles: tuple[str, ...]
     """Validate an untrusted `generate` payload; raise UserError naming the first bad field. A field
     the protocol does not name (besides the frame's `type` and `request_id`) is refused by name,
     after the named fields are checked. `limits` replaces some of LIMITS (the OpenAI API's are the
-    model's: its context, not the lab's caps), `roles` the message roles allowed."""
+    model's: its context, not the lab's caps) and may set `default_max_new_tokens` (None: an answer
+    without a length runs to the end of the context), `roles` the message roles allowed."""
     if not isinstance(data, dict):
         raise UserError("a generate request must be a JSON object", field=None)
-    limits = {**LIMITS, **(limits or {})}
+    limits = {"default_max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **LIMITS, **(limits or {})}
     params = GenerateParams(
         messages=_messages(data, limits, roles),
-        max_new_tokens=int_field(data, "max_new_tokens", 1, limits["max_new_tokens"], 128),
+        max_new_tokens=int_field(data, "max_new_tokens", 1, limits["max_new_tokens"], limits["default_max_new_tokens"]),
         sampling=_sampling(data, limits),
         stop=_stop(data, limits),
         delivery=_choice(data, "delivery", DELIVERY_MODES, "stream"),
@@ -352,7 +357,7 @@ def parse_generate(data: Any, limits: dict | None = None, roles: tuple[str, ...]
             "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
             field="prefill_chunk",
         )
-    if params.min_new_tokens > params.max_new_tokens:
+    if params.max_new_tokens is not None and params.min_new_tokens > params.max_new_tokens:
         raise UserError(
             f"`min_new_tokens` ({params.min_new_tokens}) may not exceed `max_new_tokens` ({params.max_new_tokens})",
             field="min_new_tokens",

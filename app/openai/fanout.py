@@ -10,24 +10,17 @@ import queue
 import threading
 from typing import Callable, Iterator
 
-from model_runner.errors import UserError
+from model_runner.errors import ContextOverflow, UserError
 from model_runner.events import Event
 from model_runner.request import GenerateParams
-from model_runner.text.prompt import render, render_ids
 
 LABEL = "api"
 
 
-def context_error(engine, params: GenerateParams, prompt_field: str, length_field: str) -> UserError:
-    """vLLM's and OpenAI's wording for a request over the context: both numbers, and the window."""
-    window = engine.facts.context_window
-    tokenizer = engine.local.loaded.tokenizer
-    view = (
-        render_ids(tokenizer, params.prompt_ids, params.messages)
-        if params.prompt_ids
-        else render(tokenizer, params.messages, params.chat_template)
-    )
-    prompt, new = view.prompt_tokens, params.max_new_tokens if params.overflow != "shrink_output" else 0
+def context_error(exc: ContextOverflow, prompt_field: str, length_field: str) -> UserError:
+    """vLLM's and OpenAI's wording for a request over the context, from the engine's counts: both
+    numbers (an answer not given a length asks for none), and the window."""
+    prompt, new, window = exc.prompt_tokens, exc.max_new_tokens or 0, exc.context_window
     where = "in the messages" if prompt_field == "messages" else "in your prompt"
     message = (
         f"This model's maximum context length is {window} tokens. However, you requested {prompt + new} tokens "
@@ -46,8 +39,8 @@ def submit_all(engine, params_list: list[GenerateParams], rid: str, fields: tupl
     except UserError as exc:
         for handle in handles:
             handle.cancel(cause="client")
-        if exc.code == "context_overflow" and engine.local is not None:
-            raise context_error(engine, params_list[len(handles)], *fields) from None
+        if isinstance(exc, ContextOverflow):
+            raise context_error(exc, *fields) from None
         raise
     return handles
 

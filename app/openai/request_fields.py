@@ -181,12 +181,12 @@ def stops(body: dict) -> list[str] | None:
 
 def payload(body: dict, max_tokens: Any, default_max: int | None, context: int | None, vocab: int | None) -> dict:
     """The `generate` fields for the sampling and length fields; the caller adds the prompt. Without
-    `max_tokens` and without a default the answer may run to the end of the context (vLLM's default)."""
+    `max_tokens` and without a default no length is sent: the answer may run to the end of the context
+    (vLLM's default; `limits` makes that parse_generate's default)."""
     out: dict[str, Any] = {"sampling": sampling(body, vocab)}
-    if max_tokens is None and default_max is None and context:
-        out["max_new_tokens"], out["overflow"] = context, "shrink_output"
-    else:
-        out["max_new_tokens"] = default_max if max_tokens is None else max_tokens
+    length = default_max if max_tokens is None else max_tokens
+    if length is not None:
+        out["max_new_tokens"] = length
     if body.get("min_tokens"):
         out["min_new_tokens"] = body["min_tokens"]
     if body.get("ignore_eos") is not None:
@@ -203,6 +203,7 @@ def limits(context: int | None) -> dict[str, Any]:
         # Any length parses: the prompt plus the answer must fit the context, which the engine checks with
         # the prompt counted, and fanout.context_error words as vLLM does, both numbers named.
         "max_new_tokens": 2**31 - 1,
+        "default_max_new_tokens": None,  # no length asked: None to the engine, which gives it the room left
         "messages": MAX_MESSAGES,
         "content_chars": 10**7,  # the request body's own limit comes first; tokens are what count
         "total_chars": 10**7,

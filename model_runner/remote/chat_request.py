@@ -63,12 +63,14 @@ def chat_body(params: GenerateParams, view: PromptView | None, model: str, top_l
     body = {
         "model": model,
         "messages": [{"role": "user" if m.role == "retrieved" else m.role, "content": m.content} for m in messages],
-        "max_tokens": params.max_new_tokens if view is None else view.budget["max_new_tokens"],
         "temperature": s.temperature,
         "top_p": s.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    length = params.max_new_tokens if view is None else view.budget["max_new_tokens"]
+    if length is not None:  # not asked and not computed: the remote server's own default (the end of its context)
+        body["max_tokens"] = length
     if top_logprobs > 0:
         body.update(logprobs=True, top_logprobs=top_logprobs)
     if s.seed is not None:

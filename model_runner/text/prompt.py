@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_runner.errors import UserError
+from model_runner.errors import ContextOverflow
 from model_runner.request import GenerateParams, Message
 
 # A retrieved passage has no role in most chat templates: it is rendered as a user turn and
@@ -119,12 +119,20 @@ def render_ids(tokenizer, ids: tuple[int, ...], messages: tuple[Message, ...]) -
     return PromptView(messages[0].content, list(ids), tokens, len(ids), 0, messages)
 
 
-def _overflow_message(prompt: int, new: int, window: int) -> str:
+def _overflow_message(prompt: int, new: int | None, window: int) -> str:
+    if new is None:
+        return f"the prompt's {prompt:,} tokens leave no room for an answer in the context window of {window:,}"
     return (
         f"prompt {prompt:,} + max_new_tokens {new:,} = {prompt + new:,} > context window {window:,}; "
         "shorten the conversation, lower max_new_tokens, or pick overflow policy "
         "'truncate_history' or 'shrink_output'"
     )
+
+
+def _length(asked: int | None, prompt: int, window: int) -> int:
+    """The answer's length: as asked, else the room the prompt leaves (at least the one token every
+    request chooses, so a full window still overflows)."""
+    return asked if asked is not None else max(window - prompt, 1)
 
 
 def _droppable(messages: tuple[Message, ...]) -> int | None:
@@ -142,7 +150,8 @@ def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
         view = render_ids(tokenizer, params.prompt_ids, messages)
     else:
         view = render(tokenizer, messages, params.chat_template)
-    new = params.max_new_tokens
+    asked = params.max_new_tokens  # None: to the end of the context window (the OpenAI API's default)
+    new = _length(asked, view.prompt_tokens, context_window)
     action = "none"
     if view.prompt_tokens + new > context_window:
         if params.overflow == "truncate_history":
@@ -150,20 +159,25 @@ def plan(tokenizer, params: GenerateParams, context_window: int) -> PromptView:
                 messages = messages[:i] + messages[i + 1 :]
                 dropped += 1
                 view = render(tokenizer, messages, params.chat_template)
+                new = _length(asked, view.prompt_tokens, context_window)
             action = "truncated_history" if dropped else "none"
         elif params.overflow == "shrink_output" and view.prompt_tokens < context_window:
             new = context_window - view.prompt_tokens
             action = "shrunk_output"
     if view.prompt_tokens + new > context_window:
-        raise UserError(
-            _overflow_message(view.prompt_tokens, new, context_window), code="context_overflow", field="max_new_tokens"
+        raise ContextOverflow(
+            _overflow_message(view.prompt_tokens, None if asked is None else new, context_window),
+            prompt_tokens=view.prompt_tokens,
+            max_new_tokens=asked,
+            context_window=context_window,
+            field="max_new_tokens" if asked is not None else "messages",
         )
     view.budget = {
         "policy": params.overflow,
         "action": action,
         "prompt_tokens": view.prompt_tokens,
         "max_new_tokens": new,
-        "requested_max_new_tokens": params.max_new_tokens,
+        "requested_max_new_tokens": asked,
         "total": view.prompt_tokens + new,
         "context_window": context_window,
         "dropped_messages": dropped,

@@ -5,9 +5,15 @@ limits are the model's (the context, named with the prompt's tokens as vLLM word
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app import create_app
+from app.openai.chat import parse_chat
+from app.openai.routes import ModelView
+from model_runner.errors import ContextOverflow
+from model_runner.request import parse_generate
 
 HI = [{"role": "user", "content": "Say hello."}]
 
@@ -116,6 +122,37 @@ def test_max_tokens_over_the_context_names_the_window_the_prompt_and_the_answer(
         f"This model's maximum context length is 512 tokens. However, you requested {prompt + 100_000} tokens "
         f"({prompt} in the messages, 100000 in the completion)."
     )
+
+
+def test_a_chat_without_max_tokens_asks_no_length_and_gets_the_room_its_prompt_leaves(shared_engine):
+    engine = shared_engine("fake")
+    model = ModelView(engine.facts.context_window, engine.facts.vocab_size, engine.local.loaded.tokenizer)
+    params = parse_chat({"messages": HI}, ["fake"], model).params[0]
+    assert params.max_new_tokens is None and params.overflow == "reject"  # no stand-in length, no policy
+    budget = engine.describe_prompt(params)["budget"]
+    assert budget["requested_max_new_tokens"] is None and budget["action"] == "none"
+    assert budget["max_new_tokens"] == 512 - budget["prompt_tokens"]
+
+
+def test_the_engines_overflow_error_carries_its_counts(shared_engine):
+    over = {"messages": [{"role": "user", "content": "x" * 600}], "max_new_tokens": 5}
+    with pytest.raises(ContextOverflow) as caught:
+        shared_engine("fake").describe_prompt(parse_generate(over))
+    error = caught.value
+    assert (error.code, error.field, error.max_new_tokens, error.context_window) == (
+        "context_overflow",
+        "max_new_tokens",
+        5,
+        512,
+    )
+    assert error.prompt_tokens > 600 and f"prompt {error.prompt_tokens:,} + max_new_tokens 5" in error.message
+
+
+def test_a_prompt_that_fills_the_context_without_max_tokens_is_refused_naming_the_messages(client):
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 600}]})
+    error = response.get_json()["error"]
+    assert response.status_code == 400 and error["param"] == "messages"
+    assert re.search(r"you requested (\d+) tokens \(\1 in the messages, 0 in the completion\)", error["message"])
 
 
 def test_the_answer_may_use_the_whole_context_left(client):

@@ -163,6 +163,13 @@ def test_tokens_come_from_the_remote_stream_with_kvscope_timing(engine, remote):
     assert sent["stream"] and sent["logprobs"] and sent["max_tokens"] == 20 and sent["model"] == "fake-remote"
 
 
+def test_an_answer_without_a_length_leaves_the_length_to_the_remote_server(engine, remote):
+    # /v1's missing max_tokens is None in the engine; with no tokenizer to count the room left, none is sent.
+    events = events_of(engine.submit(dataclasses.replace(ask("hi"), max_new_tokens=None), "r1"), timeout=10)
+    assert one_terminal(events)["type"] == "finished" and events[0]["max_new_tokens"] is None
+    assert "max_tokens" not in remote.bodies[-1]
+
+
 def test_facts_come_from_the_server_and_kv_bytes_are_not_invented(engine):
     facts = engine.facts.to_dict()
     assert facts["name"] == "fake-remote" and facts["context_window"] == 2048
