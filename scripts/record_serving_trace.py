@@ -1,6 +1,7 @@
 """Records static/data/serving-trace.json: every serving-chapter experiment run on the real model (an
 in-process app by default, or a started server with --url), each answer checked against the contract
-before the file is written, with the route the model ran on (`--dtype auto`: int4 on an AVX-512 CPU),
+and each roofline's floors checked (below the step they bound, non-decreasing in rows) before the file is
+written (a recording that fails is refused), with the route the model ran on (`--dtype auto`: int4 on an AVX-512 CPU),
 the machine and its load (`uptime`) when it was recorded.
 
     .venv/bin/python scripts/record_serving_trace.py            # in-process, the default model
@@ -32,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from model_runner.trace import host_context, route_of, warm_up  # noqa: E402
 from serving_experiments.contract import RECORDED_APART, check_trace  # noqa: E402
+from serving_experiments.evidence import floor_problems  # noqa: E402
+from serving_experiments.evidence import problem_words as floor_words  # noqa: E402
 from serving_experiments.registry import EXPERIMENTS  # noqa: E402
 
 OUT = ROOT / "static" / "data" / "serving-trace.json"
@@ -160,14 +163,28 @@ def main(argv: list[str] | None = None) -> int:
             "load_1m_end": recorded_on["load_1m_end"],
         }
         recorded_on = {**old["recorded_on"], "merged": [*old["recorded_on"].get("merged", []), merged]}
-    trace = {"schema": 1, "recorded_on": recorded_on, "experiments": experiments}
+    return write_checked({"schema": 1, "recorded_on": recorded_on, "experiments": experiments}, args.out)
+
+
+def refusals(trace: dict) -> list[str]:
+    """Why a recording is not written: the contract's shapes, then each roofline's floors (a floor above the
+    step it bounds, or one that falls as rows grow, is a measurement that cannot carry a verdict)."""
     problems = check_trace(trace)
+    for name, body in trace.get("experiments", {}).items():
+        points = (body.get("result") or {}).get("roofline", {}).get("points", [])
+        problems += [f"{name}: {floor_words(q, points)}" for q in floor_problems(points)]
+    return problems
+
+
+def write_checked(trace: dict, out: Path) -> int:
+    """Writes `trace` to `out` only if nothing refuses it; → the script's exit status."""
+    problems = refusals(trace)
     if problems:
         print("not written: " + "; ".join(problems), file=sys.stderr)
         return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(trace, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(trace, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
 

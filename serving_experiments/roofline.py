@@ -14,6 +14,7 @@ from typing import Any
 
 from formulas import cost
 from model_runner.loading.model_shape import shape_of
+from serving_experiments import evidence
 
 # A step whose floor (its kernels alone, or its bytes at the copy bandwidth) fills under half of its time
 # is not held back by either: the rest of its time goes to launching operations and bookkeeping. Half,
@@ -275,7 +276,8 @@ def _weights_read(shape, rows: int, decode: bool) -> int:
 
 def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
     """Each measured step under the ceilings of the kernels that ran it: `prefill` is {tokens, ms}, each of
-    `decodes` {batch, context, ms}; FLOPs and bytes from the loaded model's cost Shape, times as measured."""
+    `decodes` {batch, context, ms}, both with their median `ms_median` over `steps` measured where known;
+    FLOPs and bytes from the loaded model's cost Shape, times as measured; the floors checked as they come."""
     shape = shape_of(loaded)
     _, bandwidth = ceilings(loaded.facts.device, shape.route)
     kernels = Kernels(loaded)
@@ -287,16 +289,18 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
     timed = kernels.measure(calls)
 
     prefill_kernel = kernel_name(shape.route, tokens, False, shape.float_prefill)
-    first = judge(
+    prefill_figures = (
         cost.prefill_flops(shape, tokens),
         cost.prefill_bytes(shape, tokens),
-        prefill["ms"] / 1000,
         timed[("layers", tokens, False)] + timed[("head", 1, False)],
         bandwidth,
         prefill_kernel,
         _weights_read(shape, tokens, decode=False),
     )
+    flops, read, *rest = prefill_figures
+    first = judge(flops, read, prefill["ms"] / 1000, *rest)
     first["kernels"] = kernels_text(shape.route, tokens, False, shape.float_prefill)
+    first.update(_at_median(prefill, *prefill_figures))
     points = [{"phase": "prefill", "tokens": tokens, "rows": tokens, **first}]
     for d in decodes:
         b = d["batch"]
@@ -304,9 +308,12 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         read = cost.decode_step_bytes(shape, b, d["context"])
         kernel_s = timed[("layers", b, True)] + timed[("head", b, True)]
         kernel = kernel_name(shape.route, b, True, shape.float_prefill)
-        p = judge(flops, read, d["ms"] / 1000, kernel_s, bandwidth, kernel, _weights_read(shape, b, decode=True))
+        weights = _weights_read(shape, b, decode=True)
+        p = judge(flops, read, d["ms"] / 1000, kernel_s, bandwidth, kernel, weights)
         p["kernels"] = kernels_text(shape.route, b, True, shape.float_prefill)
+        p.update(_at_median(d, flops, read, kernel_s, bandwidth, kernel, weights))
         points.append({"phase": "decode", "batch": b, "rows": b, **p})
+    floors = _check_floors(points)
 
     gemm = {r: kernels.layer_flops(r) / timed[("layers", r, False)] for r in (tokens, *GEMM_ROWS)}
     gemm_kernel = kernel_name(shape.route, max(GEMM_ROWS), False, shape.float_prefill)
@@ -319,6 +326,7 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         "ridge_intensity": round(peak / bandwidth, 3),
         "route": shape.route,
         "held_by_roof": HELD_BY_ROOF,
+        **floors,
         "points": points,
         "basis": "each step against its own kernels, measured on the machine that ran it: one decoder layer's "
         f"projections as the model calls them at the step's rows (x {kernels.layers} layers) plus the head, "
@@ -328,6 +336,29 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         "written); FLOPs and bytes computed by formulas/cost.py; a step whose larger floor (its kernels alone, "
         f"or its bytes at that bandwidth) fills under {HELD_BY_ROOF:.0%} of it is called overhead",
     }
+
+
+def _at_median(step: dict, flops, read, kernel_s, bandwidth, kernel, weights) -> dict:
+    """The same step (`step`: {ms, ms_median, steps}) judged at its median time, and how many steps it was
+    measured over: a verdict is carried only where it holds at both (serving_experiments/evidence.py)."""
+    if not step.get("ms_median"):
+        return {"steps_measured": step.get("steps", 1)}
+    median = judge(flops, read, step["ms_median"] / 1000, kernel_s, bandwidth, kernel, weights)
+    return {
+        "step_ms_median": median["step_ms"],
+        "share_median": median["share"],
+        "held_by_median": median["held_by"],
+        "steps_measured": step.get("steps", 1),
+    }
+
+
+def _check_floors(points: list[dict]) -> dict:
+    """The floors' consistency check, run live on every roofline, and each point's evidence: a point whose
+    floors fail it, or whose verdict differs at its median step, has its verdict marked not carried."""
+    problems = evidence.floor_problems(points)
+    for p in points:
+        p["evidence"] = evidence.point_evidence(p, not problems)
+    return {"floors_consistent": not problems, "floor_problems": [evidence.problem_words(q, points) for q in problems]}
 
 
 def _rows_list(rows: list[int]) -> str:

@@ -12,29 +12,43 @@ from serving_experiments.harness import Job, Param, ask, first_prefill_steps, jo
 from serving_experiments.prompts import QUESTIONS
 
 BATCHES = (1, 2, 4, 8, 16)
-PARAMS = {"new_tokens": Param(4, 3, 16)}
+PARAMS = {"new_tokens": Param(8, 3, 16)}  # 8: seven full-batch decode steps a batch, a median worth the name
+PREFILL_RUNS = 3  # the batch-1 run is made this many times, so the prompt's step has a median too
 
 
 def run(engine, params: dict) -> dict:
-    points, decodes, prefill = [], [], None
+    points, decodes, prefills = [], [], []
+    payload = ask(QUESTIONS[0], params["new_tokens"])
+    tokens = len(prompt_ids(engine, payload))
     for b in BATCHES:
-        # a token budget that holds every prompt: all b prefill in one step, then decode in lockstep
-        policy = {"batching": "continuous", "max_num_seqs": b, "chunked_prefill": False, "max_batch_tokens": 2048}
-        payload = ask(QUESTIONS[0], params["new_tokens"])
-        with job(engine, **policy) as j:
-            j.submit_together({f"u{i}": payload for i in range(b)})
-            j.wait()
-        full = full_batch_decode_ms(j, b)
+        full = []
+        for _ in range(PREFILL_RUNS if b == 1 else 1):
+            j = batch_job(engine, payload, b)
+            full += full_batch_decode_ms(j, b)
+            if b == 1:
+                prefills += [s["ms"] for s in first_prefill_steps(j.steps)[:1]]
         points.append(point(b, full))
-        tokens = len(prompt_ids(engine, payload))
-        decodes.append({"batch": b, "ms": min(full, default=None), "context": tokens + params["new_tokens"] / 2})
-        if b == 1:
-            first = first_prefill_steps(j.steps)
-            prefill = {"tokens": tokens, "ms": first[0]["ms"]} if first else None
+        decodes.append({"batch": b, "context": tokens + params["new_tokens"] / 2, **spread(full)})
     result: dict[str, Any] = {"points": points}
-    if prefill is not None:
+    if prefills:
+        prefill = {"tokens": tokens, **spread(prefills)}
         result["roofline"] = roofline.roofline(engine.local.loaded, prefill, [d for d in decodes if d["ms"]])
     return result
+
+
+def batch_job(engine, payload: dict, b: int) -> Job:
+    """b copies of one request at once, under a token budget that holds every prompt: all b prefill in one
+    step, then decode in lockstep."""
+    policy = {"batching": "continuous", "max_num_seqs": b, "chunked_prefill": False, "max_batch_tokens": 2048}
+    with job(engine, **policy) as j:
+        j.submit_together({f"u{i}": payload for i in range(b)})
+        j.wait()
+    return j
+
+
+def spread(times: list[float]) -> dict:
+    """A step's fastest and median time over the steps measured, and how many (the roofline's evidence)."""
+    return {"ms": min(times, default=None), "ms_median": percentile(times, 50), "steps": len(times)}
 
 
 def full_batch_decode_ms(j: Job, b: int) -> list[float]:

@@ -16,6 +16,8 @@ from js_format import fixed, fmt_ms
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
 
+from serving_experiments.evidence import floor_problems
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
 SERVING_TEXT = (ROOT / "static/data/serving-trace.json").read_text(encoding="utf-8")
@@ -101,7 +103,9 @@ def test_prefill_sentence_judges_the_prompt_against_its_own_kernels(page, fake_s
         f"took {fmt_ms(pre['kernel_ms'])} of its {fmt_ms(pre['step_ms'])}, {pct(pre['kernel_ms'] / pre['step_ms'])} of it"
         in text
     )
-    assert pre["verdict"] in text and pre["kernels"] in text
+    # the shipped roofline's floors fail their own check (tests/unit/test_evidence.py): no verdict is said
+    assert pre["verdict"] not in text and pre["kernels"] in text
+    assert "the roofline's verdict is none drawn: this recording's floors fail their own check" in text
     assert console_errors == []
 
 
@@ -112,13 +116,18 @@ def test_decode_sentences_follow_what_holds_the_step_back(page, fake_server):
     assert f"took {fmt_ms(dec['kernel_ms'])} of its {fmt_ms(dec['step_ms'])} step" in text
     assert f"would take {fmt_ms(dec['memory_ms'])} at the copy bandwidth" in text
     # each sentence stands on its condition, computed from the recorded point
+    # (and only where the evidence carries a verdict: the shipped floors fail their check, so none is said)
+    carried = not floor_problems(ROOF["points"])
     quantized = ROOF["route"] in ("int4", "int8")
-    arithmetic = (
+    arithmetic = carried and (
         quantized and dec["kernel_ms"] > dec["memory_ms"] and dec["kernel_bandwidth_share"] < ROOF["held_by_roof"]
     )
-    memory = dec["memory_ms"] >= dec["kernel_ms"] and dec["memory_ms"] / dec["step_ms"] >= ROOF["held_by_roof"]
+    memory = (
+        carried and dec["memory_ms"] >= dec["kernel_ms"] and dec["memory_ms"] / dec["step_ms"] >= ROOF["held_by_roof"]
+    )
     assert ("memory does not set the pace" in text) == arithmetic
-    assert ("software overhead" in text) == (dec["held_by"] == "overhead")
+    assert ("software overhead" in text) == (carried and dec["held_by"] == "overhead")
+    assert ("none drawn: this recording's floors fail their own check" in text) == (not carried)
     assert ("indeed bound by memory bandwidth" in text) == memory
     if arithmetic:
         assert f"at {pct(dec['kernel_bandwidth_share'])} of the copy bandwidth" in text
@@ -132,6 +141,7 @@ def test_a_memory_bound_recording_changes_the_decode_sentences(page, fake_server
             if p["phase"] == "decode":
                 p["memory_ms"], p["kernel_ms"] = 0.9 * p["step_ms"], 0.2 * p["step_ms"]
                 p["held_by"], p["share"], p["verdict"] = "memory", 0.9, "memory-bound: test"
+                p["held_by_median"] = "memory"  # the same at the median step: the evidence carries it
 
     open_page(page, fake_server, serving_text=variant(memory_bound))
     text = step(page, "decode")
@@ -146,6 +156,9 @@ def test_the_roofline_verdict_and_share_are_shown_when_recorded(page, fake_serve
         for p in experiments["why_batch"]["result"]["roofline"]["points"]:
             p["share"] = 0.123
             p["verdict"] = f"test verdict for {p['phase']} {p.get('batch', '')}".strip()
+            p["held_by_median"], p["steps_measured"] = p["held_by"], 3  # evidence that carries a verdict
+            if p.get("batch") == 1:
+                p["kernel_ms"] = 19.0  # below batch 2's floor: the floors now pass their check
 
     open_page(page, fake_server, "#serving-why-batch", serving_text=variant(verdicts))
     assert "test verdict for decode 1" in step(page, "decode")
@@ -245,9 +258,12 @@ def test_the_serving_steps_relate_figures_from_their_recordings(page, fake_serve
     assert ("roughly in step with the work skipped" in text) == ((1 - time) >= 0.8 * (1 - work))  # claims.js IN_STEP
     wb = SERVING["experiments"]["why_batch"]["result"]["points"]
     text = serving_step(page, "why-batch")
-    assert f"the step grew ×{fixed(wb[-1]['step_ms'] / wb[0]['step_ms'], 1)}" in text
+    assert f"the fastest step grew ×{fixed(wb[-1]['step_ms'] / wb[0]['step_ms'], 1)}" in text
     rising = all(b["aggregate_tps"] > a["aggregate_tps"] * 1.05 for a, b in zip(wb, wb[1:]))
     assert ("every step up in batch still paid here" in text) == rising
+    # the shipped medians disagree with the fastest steps at batch 16 (tests/unit/test_evidence.py): mixed
+    assert "whether a bigger batch stopped paying, the evidence is mixed" in text
+    assert "where a bigger batch stopped paying" not in text
 
 
 def test_a_contradicting_recording_changes_the_serving_sentences(page, fake_server):
@@ -260,7 +276,9 @@ def test_a_contradicting_recording_changes_the_serving_sentences(page, fake_serv
                 q["prefill_tokens"] / q["prompt_tokens"]
             )
         pts = experiments["why_batch"]["result"]["points"]
-        pts[-1]["aggregate_tps"] = pts[-2]["aggregate_tps"]  # batch 16 no longer pays
+        pts[-1]["aggregate_tps"] = pts[-2]["aggregate_tps"]  # batch 16 no longer pays, by its fastest step
+        for p in pts:
+            p["step_ms_median"] = p["step_ms"]  # nor by its median: the two statistics agree
 
     open_page(page, fake_server, "#serving-chunked", serving_text=variant(contradict))
     text = serving_step(page, "chunked")
@@ -442,3 +460,27 @@ def test_every_number_of_the_shipped_serving_recording_is_labelled(page, fake_se
         bad = page.evaluate(WALK, ["#serving", structure, KINDS])
         assert bad == [], f"{stage}:\n" + "\n".join(bad)
     assert console_errors == []
+
+
+# ---- 6. a verdict needs its evidence ---------------------------------------------------------------
+
+
+def test_the_shipped_roofline_draws_no_verdict_its_floors_cannot_carry(page, fake_server):
+    """The shipped recording's 2-row floor is below its 1-row floor: the page says so, names how much of each
+    end step is neither kernels nor bytes, and prints no point's verdict."""
+    open_page(page, fake_server, "#serving-why-batch")
+    text = serving_step(page, "why-batch")
+    decodes = sorted((p for p in ROOF["points"] if p["phase"] == "decode"), key=lambda p: p["batch"])
+    one, two, top = decodes[0], decodes[1], decodes[-1]
+    assert "No verdict on what holds these steps back: the floors fail their own check" in text
+    assert (
+        f"the floor at batch 2, {fmt_ms(two['kernel_ms'])}, is below the floor at batch 1, {fmt_ms(one['kernel_ms'])}"
+        in text
+    )
+    outside = top["step_ms"] - max(top["kernel_ms"], top["memory_ms"])
+    assert f"{fmt_ms(outside)} ({pct(outside / top['step_ms'])}) was neither its kernels nor its bytes" in text
+    assert "arithmetic holds it back" not in text and "not memory or overhead" not in text
+    panel = page.locator('.sv-panel[data-panel="why-batch"]')
+    expect(panel.locator(".sv-floor-check")).to_contain_text("These floors fail their own check")
+    expect(panel.locator(".sv-verdicts .sv-not-carried")).to_have_count(len(ROOF["points"]))
+    expect(panel.locator(".sv-verdicts .sv-verdict.sv-num")).to_have_count(0)

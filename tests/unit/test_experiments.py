@@ -16,8 +16,9 @@ from formulas import cost
 from model_runner.loading.model_shape import shape_of
 from model_runner.metrics import percentile
 from serving_experiments.contract import check_response
+from serving_experiments.evidence import FLOORS, point_evidence
 from serving_experiments.experiments.attention_cost import line_fit
-from serving_experiments.experiments.why_batch import BATCHES
+from serving_experiments.experiments.why_batch import BATCHES, PREFILL_RUNS
 from serving_experiments.harness import Job
 from serving_experiments.registry import EXPERIMENTS
 from serving_experiments.speculative import DraftModel, PromptLookup, plain_greedy, speculative_greedy
@@ -311,10 +312,32 @@ def test_why_batch_measures_steps_where_the_whole_batch_decodes(fake_app, feed_l
             for e in steps
             if len(e["batch"]) == point["batch"] and {r["kind"] for r in e["batch"]} == {"decode"}
         ]
-        assert point["steps_measured"] == len(full) == 3  # every request prefills in one step, then decodes with all
+        # every request prefills in one step, then decodes with all; batch 1 is run PREFILL_RUNS times
+        runs = PREFILL_RUNS if point["batch"] == 1 else 1
+        assert point["steps_measured"] == len(full) == 3 * runs
         assert point["step_ms"] == pytest.approx(min(full), abs=1e-3)  # best of the steps, median beside it
         assert point["step_ms_median"] == pytest.approx(percentile(full, 50), abs=1e-3)
-    assert [p["phase"] for p in result["roofline"]["points"]] == ["prefill"] + ["decode"] * len(BATCHES)
+    roof = result["roofline"]
+    assert [p["phase"] for p in roof["points"]] == ["prefill"] + ["decode"] * len(BATCHES)
+    # the floors are checked as the step runs: each point says whether its verdict is carried, and why not
+    assert roof["floors_consistent"] == (roof["floor_problems"] == [])
+    prefill = roof["points"][0]
+    assert prefill["steps_measured"] == PREFILL_RUNS and "held_by_median" in prefill
+    for p in roof["points"]:
+        assert p["evidence"] == point_evidence(p, roof["floors_consistent"])
+        assert p["step_ms_median"] >= p["step_ms"]
+
+
+def test_why_batch_marks_its_verdicts_not_carried_when_a_floor_is_above_its_step(fake_app, monkeypatch):
+    app, _ = fake_app
+    monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
+    # every kernel call "takes" a second: each floor is far above the fake model's steps
+    monkeypatch.setattr("serving_experiments.roofline.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1.0))
+    roof = post(app, "why_batch", {"new_tokens": 3}).json["result"]["roofline"]
+    assert not roof["floors_consistent"]
+    assert len(roof["floor_problems"]) == len(roof["points"])
+    assert all("is not below its step" in q for q in roof["floor_problems"])
+    assert {p["evidence"] for p in roof["points"]} == {FLOORS}
 
 
 def test_no_experiment_runs_while_admissions_are_paused(fake_app):

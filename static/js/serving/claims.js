@@ -5,6 +5,7 @@
 // contradicts a sentence changes the sentence. Pure: no DOM (serving/index.js renders the parts).
 import { formatFixed, formatInt, formatMs, formatSize } from '../shared/format.js';
 import { median } from '../shared/stats.js';
+import { CARRIED, NOT_CARRIED_WORDS, rooflineEvidence, rowsOf } from '../shared/evidence.js';
 
 // A relative change in words and figures: 1.62 → "+62 %", 0.27 → "−73 %".
 export function change(after, before) {
@@ -26,15 +27,65 @@ export const SAME_WITHIN = 0.05;
 
 // ---- why batch: does a bigger batch still pay? ------------------------------------------------------
 
-// A step up in batch paid when the tokens for everyone (aggregate) rose by more than SAME_WITHIN.
-const paid = (points, i) => points[i].aggregate_tps > points[i - 1].aggregate_tps * (1 + SAME_WITHIN);
+// The tokens for everyone at a batch's fastest step (as recorded) and at its median step (computed alike).
+const FASTEST = (p) => p.aggregate_tps;
+const MEDIAN = (p) => (Number.isFinite(p.step_ms_median) ? (p.batch * 1000) / p.step_ms_median : NaN);
+
+// A step up in batch paid when the tokens for everyone (aggregate, by `rate`) rose by more than SAME_WITHIN.
+const paid = (points, i, rate) => rate(points[i]) > rate(points[i - 1]) * (1 + SAME_WITHIN);
 
 // The batch sizes past the last step up that paid, where a bigger batch stopped paying: [] while the last
 // step still paid. A plateau followed by a later gain is not a stop, so its batches are not listed.
-export function stoppedPaying(points) {
+export function stoppedPaying(points, rate = FASTEST) {
   let lastGain = 0;
-  for (let i = 1; i < points.length; i += 1) if (paid(points, i)) lastGain = i;
+  for (let i = 1; i < points.length; i += 1) if (paid(points, i, rate)) lastGain = i;
   return points.slice(lastGain + 1).map((p) => p.batch);
+}
+
+// Where the tokens for everyone (by `rate`) stopped rising, in words: "did not rise by more than 5 % at batch
+// 8" for a plateau, "fell at batch 16 (−9 % from the batch before)" where they went down.
+function stopWords(pts, stopped, rate) {
+  const at = (p) => pts[pts.indexOf(p) - 1];
+  const fell = pts.filter((p) => stopped.includes(p.batch) && rate(p) < rate(at(p)));
+  const flat = pts.filter((p) => stopped.includes(p.batch) && !fell.includes(p));
+  const batches = (list) => [andList(list.map((p) => formatInt(p.batch))), 'setting'];
+  const said = [];
+  if (flat.length) said.push('did not rise by more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], ' at batch ', batches(flat));
+  if (fell.length) {
+    if (flat.length) said.push(' and ');
+    said.push('fell at batch ', batches(fell), ' (', [andList(fell.map((p) => change(rate(p), rate(at(p))))), 'computed'],
+      ' from the batch before)');
+  }
+  return said;
+}
+
+const sameList = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+// The verdict, printed only where the fastest and the median steps agree on it; else the sentence says the
+// evidence is mixed and gives each statistic's reading (a verdict needs its evidence).
+function whyBatchVerdict(pts) {
+  const fast = stoppedPaying(pts, FASTEST);
+  if (!pts.every((p) => Number.isFinite(MEDIAN(p)))) {
+    return { mixed: true, parts: ['; the recording has no median step to check the fastest against, so it draws no verdict on '
+      + 'where a bigger batch stopped paying.'] };
+  }
+  const mid = stoppedPaying(pts, MEDIAN);
+  const steps = [...new Set(pts.map((p) => p.steps_measured).filter(Number.isFinite))];
+  const of = steps.length ? [' of ', [steps.map(formatInt).join(' or '), 'measured'], ' steps'] : [];
+  if (sameList(fast, mid)) {
+    const alike = [', by the fastest', ...of, ' and by their median alike.'];
+    if (!fast.length) return { mixed: false, parts: ['; every step up in batch still paid here', ...alike] };
+    return { mixed: false, parts: ['; the tokens for everyone ', ...stopWords(pts, fast, FASTEST), ', where a bigger batch stopped paying',
+      ...alike] };
+  }
+  const reading = (stopped, rate) => (stopped.length ? ['the tokens for everyone ', ...stopWords(pts, stopped, rate)]
+    : ['every step up paid']);
+  const z = pts[pts.length - 1];
+  const y = pts[pts.length - 2];
+  return { mixed: true, parts: ['; whether a bigger batch stopped paying, the evidence is mixed: by the fastest', ...of, ' ',
+    ...reading(fast, FASTEST), '; by their median ', ...reading(mid, MEDIAN), ' (batch ', [formatInt(y.batch), 'setting'], ' to ',
+    [formatInt(z.batch), 'setting'], ': ', [`${formatFixed(MEDIAN(y), 1)} to ${formatFixed(MEDIAN(z), 1)} tok/s`, 'computed'],
+    '): the two readings disagree, so neither is drawn as the verdict.'] };
 }
 
 export function whyBatchClaim(result, source = 'recorded') {
@@ -42,58 +93,68 @@ export function whyBatchClaim(result, source = 'recorded') {
   if (pts.length < 2) return null;
   const a = pts[0];
   const z = pts[pts.length - 1];
-  const stopped = stoppedPaying(pts);
   const parts = [`${runWords(source)}, from batch `, [formatInt(a.batch), 'setting'], ' to ', [formatInt(z.batch), 'setting'],
-    ' the step grew ', [times(z.step_ms / a.step_ms), 'computed'], ' (', [formatMs(a.step_ms), 'measured'], ' to ',
+    ' the fastest step grew ', [times(z.step_ms / a.step_ms), 'computed'], ' (', [formatMs(a.step_ms), 'measured'], ' to ',
     [formatMs(z.step_ms), 'measured'], ') while the batch grew ', [times(z.batch / a.batch), 'computed'],
     ', so the tokens for everyone rose ', [times(z.aggregate_tps / a.aggregate_tps), 'computed'],
     ' and each user\'s own stream fell to ', [`${formatFixed((z.per_user_tps / a.per_user_tps) * 100, 0)} %`, 'computed'],
     ' of its batch-1 rate'];
-  if (stopped.length) {
-    // "fell" where the tokens for everyone went down from the batch before; "did not rise by more than" elsewhere
-    const at = (p) => pts[pts.indexOf(p) - 1];
-    const fell = pts.filter((p) => stopped.includes(p.batch) && p.aggregate_tps < at(p).aggregate_tps);
-    const flat = pts.filter((p) => stopped.includes(p.batch) && !fell.includes(p));
-    const batches = (list) => [andList(list.map((p) => formatInt(p.batch))), 'setting'];
-    const said = [];
-    if (flat.length) {
-      said.push('did not rise by more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], ' at batch ', batches(flat));
-    }
-    if (fell.length) {
-      if (flat.length) said.push(' and ');
-      said.push('fell at batch ', batches(fell), ' (', [andList(fell.map((p) => change(p.aggregate_tps, at(p).aggregate_tps))),
-        'computed'], ' from the batch before)');
-    }
-    parts.push('; the tokens for everyone ', ...said, ', where a bigger batch stopped paying.');
-  } else {
-    parts.push('; every step up in batch still paid here.');
-  }
-  return { id: 'why-batch-pays', stoppedAt: stopped, parts };
+  const verdict = whyBatchVerdict(pts);
+  parts.push(...verdict.parts);
+  return { id: 'why-batch-pays', stoppedAt: verdict.mixed ? [] : stoppedPaying(pts), stoppedAtFastest: stoppedPaying(pts),
+    stoppedAtMedian: pts.every((p) => Number.isFinite(MEDIAN(p))) ? stoppedPaying(pts, MEDIAN) : null, mixed: verdict.mixed, parts };
 }
 
 // What the roofline found at the two ends of the batch range: how much of each step its own kernels fill,
-// and what holds it back (serving_experiments/roofline.py's held_by, from the same measured figures).
+// how much is neither its kernels nor its bytes, and what holds it back (serving_experiments/roofline.py's
+// held_by) where the evidence carries a verdict (shared/evidence.js): else why it draws none.
 const HELD_WORDS = {
-  kernel: 'its own kernels\' arithmetic, not memory or overhead, holds it back',
+  kernel: 'its own kernels\' arithmetic holds it back',
   'kernel-streaming': 'its own kernels hold it back, reading their weights at half the copy bandwidth or more',
   memory: 'its bytes at the copy bandwidth take longer than its kernels and hold it back',
-  overhead: 'neither its kernels nor its bytes fill half of it: the rest is overhead',
+  overhead: 'overhead holds it back, its floors filling under half of it',
 };
 
 export function roofBatchClaim(result, source = 'recorded') {
   const rl = result && result.roofline;
-  const decodes = ((rl && rl.points) || []).filter((p) => p.phase === 'decode' && Number.isFinite(p.kernel_ms))
-    .sort((a, b) => a.batch - b.batch);
+  const all = (rl && rl.points) || [];
+  const decodes = all.filter((p) => p.phase === 'decode' && Number.isFinite(p.kernel_ms)).sort((a, b) => a.batch - b.batch);
   if (decodes.length < 2) return null;
+  const steps = Object.fromEntries(((result && result.points) || []).map((p) => [p.batch, p.steps_measured]));
+  const { problems, of } = rooflineEvidence(rl, steps);
   const ends = [decodes[0], decodes[decodes.length - 1]];
+  const evidence = ends.map(of);
   const parts = [`${runWords(source)}: `];
   ends.forEach((p, i) => {
+    const floor = Math.max(p.kernel_ms, Number.isFinite(p.memory_ms) ? p.memory_ms : 0);
+    const outside = p.step_ms - floor;
     parts.push(i ? '; at batch ' : 'at batch ', [formatInt(p.batch), 'setting'], ' the kernels alone took ',
       [formatMs(p.kernel_ms), 'measured'], ' of a ', [formatMs(p.step_ms), 'measured'], ' step (',
-      [`${formatFixed((p.kernel_ms / p.step_ms) * 100, 0)} %`, 'computed'], '): ', HELD_WORDS[p.held_by] || p.verdict);
+      [`${formatFixed((p.kernel_ms / p.step_ms) * 100, 0)} %`, 'computed'], ')');
+    if (outside > 0) {
+      parts.push(' and ', [formatMs(outside), 'computed'], ' (', [`${formatFixed((outside / p.step_ms) * 100, 0)} %`, 'computed'],
+        ') was neither its kernels nor its bytes');
+    }
+    if (evidence[i] === CARRIED) parts.push(': ', HELD_WORDS[p.held_by] || p.verdict);
   });
-  parts.push('.');
-  return { id: 'roof-batch', heldBy: ends.map((p) => p.held_by), parts };
+  if (problems.length) {
+    const q = problems[0];
+    const at = (phase, rows) => all.find((p) => p.phase === phase && rowsOf(p) === rows);
+    const p = at(q.phase, q.rows);
+    parts.push('. No verdict on what holds these steps back: the floors fail their own check (',
+      ...(q.kind === 'falls'
+        ? ['the floor at batch ', [formatInt(q.rows), 'setting'], ', ', [formatMs(p.kernel_ms), 'measured'],
+          ', is below the floor at batch ', [formatInt(q.after), 'setting'], ', ', [formatMs(at('decode', q.after).kernel_ms), 'measured'],
+          ', though more rows take no less work']
+        : ['the floor of a step is not below the step it bounds']),
+      '), so they bound nothing here.');
+  } else if (evidence.some((e) => e !== CARRIED)) {
+    ends.forEach((p, i) => {
+      if (evidence[i] !== CARRIED) parts.push('. At batch ', [formatInt(p.batch), 'setting'], ' the verdict: ', NOT_CARRIED_WORDS[evidence[i]]);
+    });
+    parts.push('.');
+  } else parts.push('.');
+  return { id: 'roof-batch', heldBy: ends.map((p, i) => (evidence[i] === CARRIED ? p.held_by : null)), evidence, parts };
 }
 
 // Where the recorded prefill sits against the decode points, and why: the bytes a step moves are its FLOPs

@@ -7,6 +7,7 @@ import { formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { axes, barRow, clear, setting, value } from './view.js';
 import { decades, logScale, share } from './math.js';
 import { pointVerdict, ridge, roof, roofKernel } from '../shared/roofline.js';
+import { CARRIED, NOT_CARRIED_WORDS, floorProblems, rooflineEvidence, rowsOf } from '../shared/evidence.js';
 
 const W = 420;
 const H = 240;
@@ -117,13 +118,47 @@ function rooflineNotes(parent, rl) {
   if (rl.basis) html('p', { cls: 'sv-note sv-basis', text: `How: ${rl.basis}.`, parent }).dataset.setting = '';
 }
 
+// The floors' own check (shared/evidence.js), said above the verdicts when it fails: a floor above its step,
+// or one that falls as rows grow, bounds nothing, so no point's verdict is carried.
+function floorCheck(parent, rl) {
+  const problems = floorProblems(rl.points || []);
+  if (!problems.length) return true;
+  const at = (phase, rows) => (rl.points || []).find((p) => p.phase === phase && rowsOf(p) === rows);
+  const note = html('p', { cls: 'sv-note sv-floor-check', parent });
+  note.append('These floors fail their own check, so no verdict below is drawn from them: ');
+  problems.forEach((q, i) => {
+    const p = at(q.phase, q.rows);
+    if (i) note.append('; ');
+    note.append(`${q.phase} at `);
+    setting(note, `${formatInt(q.rows)} row${q.rows === 1 ? '' : 's'}`);
+    note.append(': its floor ');
+    value(note, formatMs(p.kernel_ms), 'measured');
+    if (q.kind === 'falls') {
+      note.append(' is below the floor at ');
+      setting(note, `${formatInt(q.after)} row${q.after === 1 ? '' : 's'}`);
+      note.append(', ');
+      value(note, formatMs(at('decode', q.after).kernel_ms), 'measured');
+    } else {
+      note.append(' is not below its step, ');
+      value(note, formatMs(p.step_ms), 'measured');
+    }
+  });
+  note.append('. A lower bound must grow with the rows and stay under the step it bounds; the recorder now refuses '
+    + 'a recording that fails this, and this one was made before the check.');
+  return false;
+}
+
 // What each measured point says, in words: its kernels' time alone and its bytes' time against its own
-// time, what holds it back, and how fast its kernels read their weights against a plain copy.
-function verdicts(parent, rl) {
+// time, what holds it back where the evidence carries a verdict (else why not), and how fast its kernels
+// read their weights against a plain copy.
+function verdicts(parent, rl, steps) {
+  floorCheck(parent, rl);
+  const evidenceOf = rooflineEvidence(rl, steps).of;
   const list = html('ul', { cls: 'sv-verdicts', parent });
   list.setAttribute('aria-label', 'What each point shows');
   for (const p of rl.points || []) {
     const v = pointVerdict(p, rl);
+    const evidence = evidenceOf(p);
     const li = html('li', { parent: list });
     li.dataset.phase = p.phase;
     if (p.phase === 'decode') li.dataset.batch = String(p.batch);
@@ -145,7 +180,8 @@ function verdicts(parent, rl) {
     }
     value(li, `${formatFixed(v.share * 100, 0)} %`, 'computed', 'sv-num sv-share');
     li.append(Number.isFinite(p.kernel_ms) ? ' of it — ' : ' of the roof above it — ');
-    value(li, v.verdict || `${v.side} by position`, 'computed', 'sv-num sv-verdict');
+    if (evidence === CARRIED) value(li, v.verdict || `${v.side} by position`, 'computed', 'sv-num sv-verdict');
+    else html('span', { cls: 'sv-verdict sv-not-carried', text: NOT_CARRIED_WORDS[evidence], parent: li }).dataset.evidence = evidence;
     if (Number.isFinite(p.kernel_bandwidth_share) && p.held_by !== 'memory') {
       li.append('; its kernels read their weights at ');
       value(li, `${formatFixed(p.kernel_bandwidth_share * 100, 0)} %`, 'computed', 'sv-num sv-kernel-bw');
@@ -165,7 +201,7 @@ export function mount(el) {
         const box = html('div', { cls: 'sv-roofbox', parent: el });
         rooflineSvg(box, roofline);
         rooflineNotes(box, roofline);
-        verdicts(box, roofline);
+        verdicts(box, roofline, Object.fromEntries(points.map((p) => [p.batch, p.steps_measured])));
       }
     },
     clear() { clear(el); },

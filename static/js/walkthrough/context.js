@@ -5,6 +5,7 @@
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { median } from '../shared/stats.js';
 import { pointVerdict } from '../shared/roofline.js';
+import { CARRIED, NOT_CARRIED_WORDS, rooflineEvidence } from '../shared/evidence.js';
 import { floatPrefillOf, kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
 
 // The route a walkthrough run took: its recording's own field first, else its model's facts.
@@ -128,6 +129,12 @@ export function roofFacts(serving) {
   if (!prefill || !decode || ![prefill.kernel_ms, decode.kernel_ms, decode.memory_ms].every(Number.isFinite)) return null;
   const pv = pointVerdict(prefill, rl);
   const dv = pointVerdict(decode, rl);
+  // a verdict is said only where its evidence carries it (shared/evidence.js); else why none is drawn
+  const wb = serving.experiments.why_batch.result;
+  const evidence = rooflineEvidence(rl, Object.fromEntries((wb.points || []).map((p) => [p.batch, p.steps_measured])));
+  const carried = { prefill: evidence.of(prefill), decode: evidence.of(decode) };
+  const said = (point, v) => (carried[point] === CARRIED ? v.verdict : NOT_CARRIED_WORDS[carried[point]]);
+  const decodeCarried = carried.decode === CARRIED;
   const kernelShare = decode.kernel_ms / decode.step_ms;
   const roof = rl.held_by_roof ?? 0.5;
   const device = deviceWord(serving);
@@ -145,7 +152,7 @@ export function roofFacts(serving) {
     prefillStepMs: formatMs(prefill.step_ms),
     // the kernels' own share of the step, the figure the sentence sets beside "took X of its Y"
     prefillShare: pct(prefill.kernel_ms / prefill.step_ms),
-    prefillVerdict: pv.verdict,
+    prefillVerdict: said('prefill', pv),
     decodeKernel: decode.kernels || decode.kernel,
     decodeKernelMs: formatMs(decode.kernel_ms),
     decodeMemoryMs: formatMs(decode.memory_ms),
@@ -153,16 +160,16 @@ export function roofFacts(serving) {
     decodeKernelShare: pct(kernelShare),
     decodeKernelBandwidth: pct(decode.kernel_bandwidth_share),
     decodeRest: pct(1 - dv.share),
-    decodeVerdict: dv.verdict,
+    decodeVerdict: said('decode', dv),
     decodeDevice: device,
     // the conditions the decode paragraph's sentences stand on
     // a quantized route's kernels (the sentence speaks of unpacking) on a named device take longer than their
     // bytes and stream them at under half the copy bandwidth
-    decodeArithmetic: quantized && device !== null && decode.kernel_ms > decode.memory_ms
+    decodeArithmetic: decodeCarried && quantized && device !== null && decode.kernel_ms > decode.memory_ms
       && decode.kernel_bandwidth_share < roof,
-    decodeOverhead: decode.held_by === 'overhead',
+    decodeOverhead: decodeCarried && decode.held_by === 'overhead',
     // the bytes are the longer floor and fill at least half of the step: what the sentence says
-    decodeMemory: decode.memory_ms >= decode.kernel_ms && decode.memory_ms / decode.step_ms >= roof,
+    decodeMemory: decodeCarried && decode.memory_ms >= decode.kernel_ms && decode.memory_ms / decode.step_ms >= roof,
   };
 }
 
