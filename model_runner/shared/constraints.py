@@ -1,0 +1,158 @@
+"""Structured outputs on xgrammar: a `Constraint` (JSON object, JSON schema, regex, one of some
+choices, or an EBNF grammar) compiled once per tokenizer into a grammar, and a `Guide` per request
+that, at every step, fills the request's token bitmask from its grammar matcher, applies it to that
+request's logits before sampling (a forbidden token's logit becomes -inf, so it is never drawn and
+nothing is re-sampled), says what the mask allowed, and advances the matcher by the chosen token.
+
+Contract: `compiled(constraint, tokenizer, vocab_size)` raises UserError naming the constraint's
+field when xgrammar refuses it; a Guide's `apply` must be followed by `accept` of the chosen token.
+xgrammar is imported on first use, so a server that never constrains never loads it."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_runner.errors import UserError
+
+KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+# xgrammar's errors start with its log stamp and C++ source line: "[13:40:36] /project/cpp/x.cc:83: ".
+_STAMP = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
+_CACHE_BYTES = 64 * 2**20  # compiled grammars kept per tokenizer
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the answer must match. `spec`: the schema as JSON text, the regex, the EBNF grammar, the
+    choices as a JSON list, or "" for any JSON object; `field`: the request field it came from."""
+
+    kind: str
+    spec: str
+    field: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "spec": self.spec}
+
+
+@dataclass(frozen=True)
+class MaskFacts:
+    """What one step's mask did: how many vocabulary tokens it allowed, and whether the token the
+    model ranked first (its adjusted logits' argmax, before the mask) was among them."""
+
+    allowed: int
+    first_allowed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "first_allowed": self.first_allowed}
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """vLLM's reading of `choice`: the answer is exactly one of the strings."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class Compiler:
+    """One tokenizer's xgrammar compiler. The vocabulary is the engine's own bytes per token
+    (tokenizer.token_bytes), with special tokens as empty strings so no grammar ever emits one,
+    and the end tokens as the grammar's stop tokens (allowed exactly where the grammar may end)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        import xgrammar as xgr
+
+        special = set(getattr(tokenizer, "special_ids", ())) | set(tokenizer.eos_ids)
+        vocab = [b"" if i in special else _bytes_or_empty(tokenizer, i) for i in range(vocab_size)]
+        info = xgr.TokenizerInfo(
+            vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=sorted(tokenizer.eos_ids)
+        )
+        self.vocab_size = vocab_size
+        # xgrammar's own cache: a schema sent again is not compiled again.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True, cache_limit_bytes=_CACHE_BYTES)
+
+    def compile(self, constraint: Constraint):
+        try:
+            return self._compile(constraint)
+        except (RuntimeError, ValueError) as exc:
+            reason = _STAMP.sub("", str(exc)).strip().splitlines()[0][:300]
+            raise UserError(
+                f"`{constraint.field}` cannot be compiled into a grammar: {reason}", field=constraint.field
+            ) from None
+
+    def _compile(self, constraint: Constraint):
+        kind, spec, c = constraint.kind, constraint.spec, self._compiler
+        if kind == "json_object":  # vLLM's: any object (xgrammar's builtin JSON grammar takes any value)
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if kind == "json_schema":
+            # Compact JSON (vLLM's disable_any_whitespace): a small model given free whitespace can
+            # spend its whole budget on newlines, and the answer would never close.
+            return c.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
+        if kind == "regex":
+            return c.compile_regex(spec)
+        if kind == "choice":
+            return c.compile_grammar(choice_grammar(json.loads(spec)))
+        return c.compile_grammar(spec)
+
+
+def _bytes_or_empty(tokenizer, token_id: int) -> bytes:
+    try:
+        return tokenizer.token_bytes(token_id)
+    except (IndexError, KeyError, ValueError):  # ids past the tokenizer's own (padded logits rows)
+        return b""
+
+
+_compilers: dict[int, tuple[Any, Compiler]] = {}  # id(tokenizer) → (the tokenizer, its compiler)
+_compilers_lock = threading.Lock()
+
+
+def compiler_for(tokenizer, vocab_size: int) -> Compiler:
+    with _compilers_lock:
+        held = _compilers.get(id(tokenizer))
+        if held is None or held[0] is not tokenizer or held[1].vocab_size != vocab_size:
+            held = _compilers[id(tokenizer)] = (tokenizer, Compiler(tokenizer, vocab_size))
+        return held[1]
+
+
+def compiled(constraint: Constraint, tokenizer, vocab_size: int):
+    """The constraint's compiled grammar for this tokenizer (cached); UserError naming its field if refused."""
+    return compiler_for(tokenizer, vocab_size).compile(constraint)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bitmask: (words,) int32, bit j of word w allowing token 32w+j → (vocab_size,) bool."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((bitmask.view(-1, 1) >> shifts) & 1).flatten()[:vocab_size].bool()
+
+
+class Guide:
+    """One request's grammar matcher and token bitmask, stepped once per generated token."""
+
+    def __init__(self, grammar, vocab_size: int):
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self.matcher = xgr.GrammarMatcher(grammar)
+        self.vocab_size = vocab_size
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # (1, ceil(vocab / 32)) int32
+        self.last: MaskFacts | None = None  # the mask the latest step applied
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: (vocab,) float32 on the CPU, after penalties and bias → the same, masked in place."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        allowed = allowed_tokens(self.bitmask[0], self.vocab_size)
+        first = int(torch.argmax(logits))
+        self.last = MaskFacts(allowed=int(allowed.sum()), first_allowed=bool(allowed[first]))
+        self._xgr.apply_token_bitmask_inplace(logits.view(1, -1), self.bitmask)
+        return logits
+
+    def accept(self, token_id: int) -> None:
+        """Advance the matcher; the mask made any other token impossible, so a refusal is a bug."""
+        if not self.matcher.accept_token(token_id):
+            raise RuntimeError(f"the grammar refused token {token_id}, which its own mask allowed")
+
+    @property
+    def complete(self) -> bool:
+        return self.matcher.is_terminated()
