@@ -19,7 +19,8 @@ from formulas.kv_math import kv_cache_bytes
 
 # Bits per stored element; fp8's two formats and int8 take the same room, the label says which is meant.
 ELEMENT_BITS = {"fp32": 32, "fp16": 16, "fp8": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}
-KINDS = ("full", "sliding", "chunked", "mla", "state", "shared")
+KINDS = ("full", "sliding", "chunked", "mla", "state", "shared", "cross")
+ATTENTION = ("full", "sliding", "chunked", "cross")  # kinds that keep a key and a value per KV head per position
 SCALES = ("none", "tensor", "head", "group")
 CONV_COLUMNS = ("transformers", "vllm")  # the conv state keeps conv_kernel columns (transformers) or one fewer (vLLM)
 # The --kv-cache-dtype values whose pages this file models: auto (the model's fp32 / bf16 / fp16), fp8 (e4m3) and
@@ -51,6 +52,7 @@ class Storage:
     state_bytes: int = 2  # element size of the per-sequence state (conv + recurrent)
     zero_point: bool = False  # asymmetric quantisation: one zero point beside each scale, the same size
     conv_columns: str = "transformers"
+    images: int = 1  # images per request: a cross-attention group holds each image's positions
 
     @classmethod
     def of(cls, d: dict) -> Storage:
@@ -72,6 +74,7 @@ def check_storage(s: Storage) -> None:
     for key, lo, hi in (("group_size", 1, 65536), ("scale_bytes", 1, 8), ("block_size", 1, 4096), ("tp", 1, 1024)):
         _whole(s.__dict__, key, lo, hi, key)
     _whole(s.__dict__, "state_bytes", 1, 8, "state_bytes")
+    _whole(s.__dict__, "images", 0, 1024, "images")
     if not isinstance(s.zero_point, bool):
         raise KvInputError("zero_point", "must be true or false")
     if s.conv_columns not in CONV_COLUMNS:
@@ -84,13 +87,15 @@ def check_group(g: dict, i: int) -> None:
         raise KvInputError(f"{where}.kind", f"unknown kind {g.get('kind')!r}; known: {', '.join(KINDS)}")
     _whole(g, "layers", 1, 4096, f"{where}.layers")
     kind = g["kind"]
-    if kind in ("full", "sliding", "chunked"):
+    if kind in ATTENTION:
         _whole(g, "kv_heads", 1, 4096, f"{where}.kv_heads")
         _whole(g, "head_dim", 1, 65536, f"{where}.head_dim")
     if kind == "sliding":
         _whole(g, "window", 1, 2**30, f"{where}.window")
     if kind == "chunked":
         _whole(g, "chunk", 1, 2**30, f"{where}.chunk")
+    if kind == "cross":
+        _whole(g, "per_image", 1, 2**30, f"{where}.per_image")
     if kind == "mla":
         _whole(g, "latent", 1, 65536, f"{where}.latent")
         _whole(g, "rope_dim", 0, 65536, f"{where}.rope_dim")
@@ -99,6 +104,8 @@ def check_group(g: dict, i: int) -> None:
         _whole(g, "state", 0, 2**40, f"{where}.state")
         if "conv_kernel" in g:
             _whole(g, "conv_kernel", 1, 1024, f"{where}.conv_kernel")
+        if "recurrent_bytes" in g:
+            _whole(g, "recurrent_bytes", 1, 8, f"{where}.recurrent_bytes")
 
 
 def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
@@ -139,16 +146,19 @@ def layer_token_bytes(g: dict, s: Storage) -> int:
     if g["kind"] == "mla":
         width = g["latent"] + g["rope_dim"]  # one shared vector: latent c_KV plus the decoupled RoPE key
         return _vector_bytes(width, bits) + _scale_bytes_per_token(1, width, s)
-    if g["kind"] in ("full", "sliding", "chunked"):
+    if g["kind"] in ATTENTION:
         heads = kv_heads_per_gpu(g["kv_heads"], s.tp)
         return 2 * _vector_bytes(heads * g["head_dim"], bits) + _scale_bytes_per_token(2 * heads, g["head_dim"], s)
     return 0
 
 
-def positions_held(g: dict, tokens: int) -> int:
+def positions_held(g: dict, tokens: int, images: int = 1) -> int:
     """Positions a group holds while the T-th is computed: a window keeps W (transformers stores W − 1 between
-    steps and appends the new one; vLLM frees whole blocks, so it may hold up to one block more)."""
+    steps and appends the new one; vLLM frees whole blocks, so it may hold up to one block more); a
+    cross-attention group holds its images' positions, however long the text."""
     kind = g["kind"]
+    if kind == "cross":
+        return images * g["per_image"]
     if kind == "sliding":
         return min(tokens, g["window"])
     if kind == "chunked":
@@ -160,27 +170,31 @@ def positions_held(g: dict, tokens: int) -> int:
 
 def _fixed_scale_bytes(g: dict, s: Storage) -> int:
     """Per-tensor scales: one per K and per V tensor of each layer (MLA: one), per GPU, whatever the traffic."""
-    if s.scale != "tensor" or g["kind"] not in ("full", "sliding", "chunked", "mla"):
+    if s.scale != "tensor" or g["kind"] not in (*ATTENTION, "mla"):
         return 0
     return g["layers"] * (1 if g["kind"] == "mla" else 2) * s.scale_bytes * (2 if s.zero_point else 1)
 
 
-def state_elements(g: dict, s: Storage) -> int:
-    """Conv + recurrent elements of one state layer: vLLM's conv state keeps conv_kernel − 1 columns."""
+def state_layer_bytes(g: dict, s: Storage) -> int:
+    """One state layer's bytes per sequence on one GPU: conv + recurrent elements, vLLM's conv state keeping
+    conv_kernel − 1 columns; a group's own recurrent_bytes (RecurrentGemma's float32 RG-LRU state) overrides the
+    state type for the recurrent part."""
     conv = g["conv"]
     if s.conv_columns == "vllm" and g.get("conv_kernel"):
         conv = conv // g["conv_kernel"] * (g["conv_kernel"] - 1)
-    return conv + g["state"]
+    if "recurrent_bytes" in g:
+        return math.ceil(conv / s.tp) * s.state_bytes + math.ceil(g["state"] / s.tp) * g["recurrent_bytes"]
+    return math.ceil((conv + g["state"]) / s.tp) * s.state_bytes
 
 
 def group_bytes(g: dict, tokens: int, s: Storage) -> dict:
     """One group's share for one sequence of `tokens` positions, on one GPU."""
-    held = positions_held(g, tokens)
+    held = positions_held(g, tokens, s.images)
     allocated = math.ceil(held / s.block_size) * s.block_size
     per_layer_token = layer_token_bytes(g, s)
     state = 0
     if g["kind"] == "state":
-        state = g["layers"] * math.ceil(state_elements(g, s) / s.tp) * s.state_bytes
+        state = g["layers"] * state_layer_bytes(g, s)
     return {
         "kind": g["kind"],
         "layers": g["layers"],
@@ -210,9 +224,14 @@ def cache_bytes(groups: list[dict], tokens: int, sequences: int, storage: Storag
         raise KvInputError(
             "tokens", "the total passes 2^53 bytes (8 PiB), beyond exact arithmetic here: fewer tokens or sequences"
         )
+    grows = [p for p in parts if p["kind"] != "cross"]
     return {
         "groups": parts,
-        "per_token_bytes": sum(p["layers"] * p["layer_token_bytes"] for p in parts) * s.tp,
+        "per_token_bytes": sum(p["layers"] * p["layer_token_bytes"] for p in grows) * s.tp,
+        "per_image_bytes": sum(
+            g["layers"] * g["per_image"] * layer_token_bytes(g, s) for g in groups if g["kind"] == "cross"
+        )
+        * s.tp,
         "sequence_bytes": seq_gpu * s.tp,
         "per_gpu_sequence_bytes": seq_gpu,
         "fixed_bytes": fixed_gpu * s.tp,

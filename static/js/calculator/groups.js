@@ -8,7 +8,7 @@ import { ELEMENT_BITS, kvHeadsPerGpu, stateElements } from './kv-layers.js';
 
 const KIND_LABEL = {
   full: 'full-attention', sliding: 'sliding-window', chunked: 'chunked-local', mla: 'MLA',
-  state: 'linear-attention / state-space', shared: 'KV-shared',
+  state: 'linear-attention / state-space', shared: 'KV-shared', cross: 'cross-attention',
 };
 
 function scaleText(storage, vectors, width) {
@@ -22,6 +22,10 @@ function scaleText(storage, vectors, width) {
 
 function heldText(g, part, tokens) {
   const t = formatInt(tokens);
+  if (g.kind === 'cross') {
+    const images = part.positionsHeld / g.per_image;
+    return `${plural(images, 'image')} × ${formatInt(g.per_image)} positions each, whatever the text's length = ${plural(part.positionsHeld, 'position')}`;
+  }
   const held = {
     sliding: `min(${t}, W ${formatInt(g.window)}: ${formatInt(g.window - 1)} past + the new one)`, chunked: `min(${t}, C ${formatInt(g.chunk)})`,
   }[g.kind];
@@ -43,8 +47,10 @@ export function groupLine(g, part, storage, tokens) {
     const columns = g.conv_kernel
       ? ` (${storage.conv_columns === 'vllm' ? `vLLM's ${g.conv_kernel - 1}` : `transformers' ${g.conv_kernel}`} columns; `
         + `${storage.conv_columns === 'vllm' ? `transformers' ${g.conv_kernel}` : `vLLM's ${g.conv_kernel - 1}`}: ${formatInt(other)})` : '';
-    return `${n}: (${formatInt(conv)} conv${columns} + ${formatInt(g.state)} recurrent) elements${gpu} × ${storage.state_bytes} B, `
-      + `a fixed state whatever the length ${total}`;
+    const elements = 'recurrent_bytes' in g
+      ? `${formatInt(conv)} conv${columns} elements${gpu} × ${storage.state_bytes} B + ${formatInt(g.state)} recurrent${gpu} × ${g.recurrent_bytes} B (kept in float32)`
+      : `(${formatInt(conv)} conv${columns} + ${formatInt(g.state)} recurrent) elements${gpu} × ${storage.state_bytes} B`;
+    return `${n}: ${elements}, a fixed state whatever the length ${total}`;
   }
   let perLayer;
   if (g.kind === 'mla') {
@@ -62,11 +68,15 @@ export function groupLine(g, part, storage, tokens) {
 
 export function renderFormula(el, groups, exact, storage, state) {
   const lines = groups.map((g, i) => groupLine(g, exact.groups[i], storage, state.ctx));
-  const keeping = exact.groups.filter((p) => p.layerTokenBytes);
+  const keeping = exact.groups.filter((p) => p.layerTokenBytes && p.kind !== 'cross');
   if (keeping.length) {
     const sum = keeping.map((p) => `${formatInt(p.layers)} × ${formatBytes(p.layerTokenBytes)}`).join(' + ');
     const gpuNote = storage.tp > 1 ? ` × ${storage.tp} GPUs` : '';
     lines.push(`One position in every layer that keeps it: ${sum}${gpuNote} = ${formatBytes(exact.perTokenBytes)} per token`);
+  }
+  if (exact.perImageBytes) {
+    lines.push(`Apart from the per-token figure, each image adds ${formatBytes(exact.perImageBytes)} per sequence (the cross-attention `
+      + `layers' keys and values of its positions), × ${plural(storage.images, 'image')} per request`);
   }
   const gpus = storage.tp > 1 ? ` on each GPU × ${storage.tp} GPUs` : '';
   const fixed = exact.fixedBytes ? ` + ${formatBytes(exact.fixedBytes)} of per-tensor scales` : '';
@@ -95,7 +105,8 @@ export function renderGroupTable(table, groups, exact) {
     const allGpus = html('td');
     allGpus.append(bytesNode(p.sequenceBytes * tp));
     allGpus.hidden = tp === 1;
-    const kept = g.kind === 'state' ? 'fixed state' : g.kind === 'shared' ? 'none (reused)' : formatInt(p.positionsAllocated);
+    const kept = g.kind === 'state' ? 'fixed state' : g.kind === 'shared' ? 'none (reused)'
+      : g.kind === 'cross' ? `${formatInt(p.positionsAllocated)} (images)` : formatInt(p.positionsAllocated);
     tr.append(th, html('td', { text: formatInt(g.layers) }), perPos, html('td', { text: kept }), perSeq, allGpus);
     tr.dataset.kind = g.kind;
     return labelCells(table, tr);
@@ -108,6 +119,7 @@ const WHY = {
   chunked: 'chunked-local layers keep at most one chunk',
   state: 'linear-attention / state-space layers keep a fixed state per sequence instead of keys and values per position',
   shared: 'KV-shared layers reuse another layer\'s cache',
+  cross: 'cross-attention layers keep the images\' positions, not the text\'s',
 };
 
 // Why the one formula and the exact count differ, in one sentence built from what this model has.

@@ -9,6 +9,7 @@ import { html } from '../shared/dom.js';
 import { defineFigure } from '../shared/figure.js';
 import { billions, formatBytes, formatInt, plural } from '../shared/format.js';
 import { renderAllocation } from './allocation.js';
+import { renderEngines } from './engines.js';
 import { bytesNode } from './bytes.js';
 import { bindConfigInput } from './config-input.js';
 import { renderFit } from './fit.js';
@@ -37,6 +38,7 @@ const WEIGHT_TYPES = { float32: 'fp32', bfloat16: 'fp16', float16: 'fp16', int8:
 const CULPRITS = {
   tp: ['tp'], tokens: ['ctx', 'seq'], sequences: ['seq'], kv_dtype: ['dtype'], block_size: ['block'],
   group_size: ['groupSize'], scale_bytes: ['scaleBytes'], state_bytes: ['sdtype'], scale: ['scale'], config: ['preset'],
+  images: ['images'],
 };
 
 async function loadJson(url, signal) {
@@ -78,7 +80,7 @@ function start(root, golden, catalogue, table, figure) {
 
   const storageOf = (st) => ({
     kv_dtype: st.dtype, scale: st.scale, group_size: st.groupSize, scale_bytes: st.scaleBytes, block_size: st.block,
-    tp: st.tp, state_bytes: bytesOf(st.sdtype), zero_point: st.zp, conv_columns: st.conv,
+    tp: st.tp, state_bytes: bytesOf(st.sdtype), zero_point: st.zp, conv_columns: st.conv, images: st.images,
   });
 
   // The whole answer for a state, computed once, or a KvInputError naming the field (the caller keeps the last
@@ -256,6 +258,7 @@ function start(root, golden, catalogue, table, figure) {
     renderFurther(out('further'), further, exact.perTokenBytes, state.ctx, storage.tp, storage.block_size);
     renderGroupTable(out('groups-table'), model.groups, exact);
     renderNaive(out('naive'), { naive: model.naive, naiveBytes: naive, exact, groups: model.groups, storage });
+    renderEngines(out('engines'), model.read && model.read.engines, storage, state.ctx);
     renderKeys(out('config-keys'), model.read, entry);
     out('config-keys').dataset.provenance = kind;
     renderTiles(out('tiles'), out('tiles-caption'), { ctx: state.ctx, seq: state.seq, block: state.block, parts: exact.groups, tp: storage.tp });
@@ -330,7 +333,7 @@ function bindInputs(field, out, update, getState, figure) {
   const whole = (name) => (t) => readWhole(t, LIMITS[name]);
   const parsers = {
     ctx: whole('ctx'), seq: whole('seq'), layers: whole('layers'), kvHeads: whole('kvHeads'), headDim: whole('headDim'),
-    vlen: whole('vlen'),
+    vlen: whole('vlen'), images: whole('images'),
     heads: (t) => (t.trim() === '' ? { value: null } : readWhole(t, LIMITS.heads)),
     params: (t) => {
       if (t.trim() === '') return { value: null };
@@ -387,7 +390,7 @@ function fieldText(name, state) {
 }
 
 const SHOWN = ['layers', 'heads', 'kvHeads', 'headDim', 'ctx', 'seq', 'params', 'mem', 'mix', 'dtype', 'wdtype', 'block', 'preset',
-  'sdtype', 'scale', 'tp', 'groupSize', 'scaleBytes', 'conv', 'vspace', 'vlen'];
+  'sdtype', 'scale', 'tp', 'groupSize', 'scaleBytes', 'conv', 'vspace', 'vlen', 'images'];
 
 // Puts the state into every control, except the one being typed in (rewriting it would fight the user) and one
 // holding a refused entry (its text stays beside its message until it reads).

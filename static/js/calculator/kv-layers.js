@@ -4,7 +4,7 @@
 // bytes below 2^53, so double arithmetic is exact; a total beyond that is an error naming `tokens`.
 
 export const ELEMENT_BITS = { fp32: 32, fp16: 16, fp8: 8, fp8_e5m2: 8, int8: 8, int4: 4 };
-export const KINDS = ['full', 'sliding', 'chunked', 'mla', 'state', 'shared'];
+export const KINDS = ['full', 'sliding', 'chunked', 'mla', 'state', 'shared', 'cross'];
 export const SCALES = ['none', 'tensor', 'head', 'group'];
 export const CONV_COLUMNS = ['transformers', 'vllm'];
 // The --kv-cache-dtype values whose pages this file models: auto (the model's fp32 / bf16 / fp16), fp8 (e4m3) and
@@ -12,10 +12,10 @@ export const CONV_COLUMNS = ['transformers', 'vllm'];
 const VLLM_KV_TYPES = ['fp32', 'fp16', 'fp8', 'fp8_e5m2'];
 const VLLM_KV_TYPES_TEXT = "reproduced for vLLM's fp32, bf16 / fp16 (--kv-cache-dtype auto), fp8 and fp8_e5m2 caches; vLLM 0.32.0 has others"
   + ' (fp8_inc, nvfp4, int8_per_token_head, among more) whose pages this calculator does not model';
-const ATTENTION = ['full', 'sliding', 'chunked'];
+const ATTENTION = ['full', 'sliding', 'chunked', 'cross']; // a key and a value per KV head per position
 const STORAGE_DEFAULTS = {
   kv_dtype: 'fp16', scale: 'none', group_size: 32, scale_bytes: 2, block_size: 1, tp: 1, state_bytes: 2, zero_point: false,
-  conv_columns: 'transformers',
+  conv_columns: 'transformers', images: 1,
 };
 const MAX_EXACT = Number.MAX_SAFE_INTEGER;
 
@@ -39,7 +39,7 @@ export function storageOf(d = {}) {
   const s = { ...STORAGE_DEFAULTS, ...d };
   if (!(s.kv_dtype in ELEMENT_BITS)) throw new KvInputError('kv_dtype', `unknown element type ${JSON.stringify(s.kv_dtype)}`);
   if (!SCALES.includes(s.scale)) throw new KvInputError('scale', `must be one of ${SCALES.join(', ')}`);
-  for (const [key, lo, hi] of [['group_size', 1, 65536], ['scale_bytes', 1, 8], ['block_size', 1, 4096], ['tp', 1, 1024], ['state_bytes', 1, 8]]) {
+  for (const [key, lo, hi] of [['group_size', 1, 65536], ['scale_bytes', 1, 8], ['block_size', 1, 4096], ['tp', 1, 1024], ['state_bytes', 1, 8], ['images', 0, 1024]]) {
     whole(s[key], lo, hi, key);
   }
   if (typeof s.zero_point !== 'boolean') throw new KvInputError('zero_point', 'must be true or false');
@@ -57,6 +57,7 @@ function checkGroup(g, i) {
   }
   if (g.kind === 'sliding') whole(g.window, 1, 2 ** 30, `${at}.window`);
   if (g.kind === 'chunked') whole(g.chunk, 1, 2 ** 30, `${at}.chunk`);
+  if (g.kind === 'cross') whole(g.per_image, 1, 2 ** 30, `${at}.per_image`);
   if (g.kind === 'mla') {
     whole(g.latent, 1, 65536, `${at}.latent`);
     whole(g.rope_dim, 0, 65536, `${at}.rope_dim`);
@@ -65,6 +66,7 @@ function checkGroup(g, i) {
     whole(g.conv, 0, 2 ** 40, `${at}.conv`);
     whole(g.state, 0, 2 ** 40, `${at}.state`);
     if ('conv_kernel' in g) whole(g.conv_kernel, 1, 1024, `${at}.conv_kernel`);
+    if ('recurrent_bytes' in g) whole(g.recurrent_bytes, 1, 8, `${at}.recurrent_bytes`);
   }
 }
 
@@ -107,8 +109,10 @@ export function layerTokenBytes(g, s) {
 }
 
 // Positions a group holds while the T-th is computed: a window keeps W (transformers stores W − 1 between steps
-// and appends the new one; vLLM frees whole blocks, so it may hold up to one block more).
-export function positionsHeld(g, tokens) {
+// and appends the new one; vLLM frees whole blocks, so it may hold up to one block more); a cross-attention group
+// holds its images' positions, however long the text.
+export function positionsHeld(g, tokens, images = 1) {
+  if (g.kind === 'cross') return images * g.per_image;
   if (g.kind === 'sliding') return Math.min(tokens, g.window);
   if (g.kind === 'chunked') return Math.min(tokens, g.chunk);
   return g.kind === 'full' || g.kind === 'mla' ? tokens : 0;
@@ -125,11 +129,19 @@ export function stateElements(g, s) {
   return conv + g.state;
 }
 
+// One state layer's bytes per sequence on one GPU; a group's own recurrent_bytes (RecurrentGemma's float32 RG-LRU
+// state) overrides the state type for the recurrent part.
+export function stateLayerBytes(g, s) {
+  if (!('recurrent_bytes' in g)) return Math.ceil(stateElements(g, s) / s.tp) * s.state_bytes;
+  const conv = stateElements(g, s) - g.state;
+  return Math.ceil(conv / s.tp) * s.state_bytes + Math.ceil(g.state / s.tp) * g.recurrent_bytes;
+}
+
 function groupBytes(g, tokens, s) {
-  const held = positionsHeld(g, tokens);
+  const held = positionsHeld(g, tokens, s.images);
   const allocated = Math.ceil(held / s.block_size) * s.block_size;
   const perLayerToken = layerTokenBytes(g, s);
-  const state = g.kind === 'state' ? g.layers * Math.ceil(stateElements(g, s) / s.tp) * s.state_bytes : 0;
+  const state = g.kind === 'state' ? g.layers * stateLayerBytes(g, s) : 0;
   return {
     kind: g.kind, layers: g.layers, layerTokenBytes: perLayerToken, positionsHeld: held, positionsAllocated: allocated,
     sequenceBytes: g.layers * allocated * perLayerToken + state, stateBytes: state, fixedBytes: fixedScaleBytes(g, s),
@@ -152,7 +164,9 @@ export function cacheBytes(groups, tokens, sequences, storage) {
   }
   return {
     groups: parts, tp: s.tp,
-    perTokenBytes: parts.reduce((a, p) => a + p.layers * p.layerTokenBytes, 0) * s.tp,
+    perTokenBytes: parts.filter((p) => p.kind !== 'cross').reduce((a, p) => a + p.layers * p.layerTokenBytes, 0) * s.tp,
+    perImageBytes: groups.filter((g) => g.kind === 'cross')
+      .reduce((a, g) => a + g.layers * g.per_image * layerTokenBytes(g, s), 0) * s.tp,
     sequenceBytes: seqGpu * s.tp, perGpuSequenceBytes: seqGpu,
     fixedBytes: fixedGpu * s.tp, perGpuFixedBytes: fixedGpu,
     perGpuTotalBytes: totalGpu, totalBytes: totalGpu * s.tp,

@@ -9,9 +9,13 @@ const EXTRA_KEYS = [
   'model_type', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads', 'head_dim', 'hidden_size',
   'max_position_embeddings', 'qk_nope_head_dim', 'v_head_dim', 'linear_num_key_heads', 'linear_key_head_dim',
   'linear_value_head_dim', 'linear_conv_kernel_dim', 'mamba_d_state', 'mamba_d_conv', 'mamba_expand', 'torch_dtype',
-  'dtype', 'quantization_config', 'attn_config',
+  'dtype', 'quantization_config', 'attn_config', 'mamba_ssm_dtype', 'conv1d_width', 'vision_config',
+  'new_decoder_architecture', 'no_rope_layers',
 ];
-const NESTED_KEEP = { quantization_config: ['quant_method', 'fmt', 'weight_block_size'], attn_config: ['kv_n_heads'] };
+const NESTED_KEEP = {
+  quantization_config: ['quant_method', 'fmt', 'weight_block_size'], attn_config: ['kv_n_heads'],
+  vision_config: ['image_size', 'patch_size', 'max_num_tiles'],
+};
 
 // The keys a pasted config keeps, from the table: every alias (its first part: attn_config.kv_n_heads keeps
 // attn_config), every known and refused key, and the extra ones above.

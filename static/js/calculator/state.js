@@ -6,7 +6,7 @@
 export const LIMITS = {
   ctx: [1, 10485760], seq: [1, 256], layers: [1, 256], heads: [1, 256], kvHeads: [1, 128],
   headDim: [1, 512], mem: [0.01, 65536], params: [0, 5e12], mixLen: [1, 10485760], mixCount: [1, 16],
-  vspace: [0.001, 65536], vlen: [1, 10485760],
+  vspace: [0.001, 65536], vlen: [1, 10485760], images: [0, 64],
 };
 // Positions a paged block holds (1 = no rounding): vLLM's --block-size choices (vllm/config/cache.py BlockSize).
 export const BLOCK_SIZES = [1, 8, 16, 32, 64, 128, 256];
@@ -25,6 +25,7 @@ export const LABELS = {
   vspace: 'KV cache space (GiB)', vlen: 'Max model length', tp: 'Tensor parallel', block: 'Block size',
   dtype: 'Cache element type', wdtype: 'Weights element type', sdtype: 'State element type', scale: 'Scales',
   groupSize: 'Group size', scaleBytes: 'Scale size', zp: 'Zero points', conv: 'Conv state', preset: 'Preset', config: 'Pasted config',
+  images: 'Images per request',
 };
 
 // URL key for each state field, in the order they are written.
@@ -32,7 +33,7 @@ const KEYS = {
   preset: 'preset', layers: 'layers', heads: 'heads', kvHeads: 'kvh', headDim: 'hd', dtype: 'dtype',
   ctx: 'ctx', seq: 'seq', block: 'block', mem: 'mem', params: 'params', wdtype: 'wdtype', mix: 'mix',
   scale: 'scale', groupSize: 'g', scaleBytes: 'sb', zp: 'zp', tp: 'tp', sdtype: 'sdtype', conv: 'conv',
-  vspace: 'vspace', vlen: 'vlen', config: 'cfg',
+  vspace: 'vspace', vlen: 'vlen', images: 'img', config: 'cfg',
 };
 export const urlKey = (field) => KEYS[field] || field;
 
@@ -60,7 +61,7 @@ export function fromConfig(state, id, read, params, configText = null) {
 export function defaults(presets) {
   const base = {
     ctx: 8192, seq: 1, block: 16, mem: 24, mix: DEFAULT_MIX, scale: 'none', groupSize: 32, scaleBytes: 2, zp: false,
-    tp: 1, sdtype: 'fp16', conv: 'transformers', vspace: 1, vlen: 2048, config: null,
+    tp: 1, sdtype: 'fp16', conv: 'transformers', vspace: 1, vlen: 2048, images: 1, config: null,
   };
   return fromPreset(base, presets.find((p) => p.id === 'reference'));
 }
@@ -111,6 +112,7 @@ function fieldReaders(elementIds) {
     heads: (t) => (t === '' ? { value: null } : readWhole(t, LIMITS.heads)),
     params: (t) => (t === '' ? { value: null } : readWhole(t, LIMITS.params)),
     mem: (t) => readNumber(t, LIMITS.mem), vspace: (t) => readNumber(t, LIMITS.vspace), vlen: (t) => readWhole(t, LIMITS.vlen),
+    images: (t) => readWhole(t, LIMITS.images),
     block: numberOf(BLOCK_SIZES), tp: numberOf(TP_SIZES), groupSize: numberOf(GROUP_SIZES), scaleBytes: numberOf(SCALE_BYTES),
     scale: (t) => choice(t, SCALE_KINDS), conv: (t) => choice(t, CONV_COLUMNS),
     zp: (t) => choice(t, ['0', '1', 'false', 'true']).reason ? { reason: 'must be 0 or 1' } : { value: t === '1' || t === 'true' },

@@ -10,7 +10,7 @@ const TILE = 20;
 const GAP = 2;
 const PITCH = TILE + GAP;
 const GROWING = ['full', 'mla'];
-const BOUNDED = { sliding: 'sliding-window', chunked: 'chunked-local', state: 'state', shared: 'KV-shared' };
+const BOUNDED = { sliding: 'sliding-window', chunked: 'chunked-local', state: 'state', shared: 'KV-shared', cross: 'cross-attention (image positions)' };
 
 // What the squares stand for: the growing groups' bytes per position over all GPUs, or (no group grows) the
 // bounded group holding the most, drawn at the positions it keeps.
