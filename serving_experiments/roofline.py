@@ -1,8 +1,8 @@
 """The roofline per kernel that ran: each measured step is set beside the time its own kernels take alone
-(one decoder layer's projections as the model calls them at the step's row count, times the layers, plus the
-head; float32 GEMM for a prompt of FLOAT_ROWS rows or more where the route keeps float32 copies for prompts,
-else the route's own kernel at any rows) and the
-time its bytes take at the copy bandwidth; the larger of the two is the step's floor, and the verdict says
+(every decoder layer's projections in turn as the model calls them at the step's row count, plus the head;
+float32 GEMM for a prompt of FLOAT_ROWS rows or more where the route keeps float32 copies for prompts, else
+the route's own kernel at any rows) and the time its bytes take at the copy bandwidth; the larger of the two
+is the step's floor, checked live against the step (serving_experiments/evidence.py), and the verdict says
 which of them, or neither (overhead), holds it back. FLOPs and bytes are formulas/cost.py's."""
 
 from __future__ import annotations
@@ -153,8 +153,10 @@ def kernel_name(route: str, rows: int, decode: bool, float_prefill: bool) -> str
 
 
 class Kernels:
-    """Times the model's own kernels at a row count: one decoder layer's projections as the model calls them
-    (siblings joined as they run), times the layers, and the head at its logits rows; best of REPEATS."""
+    """Times the model's own kernels at a row count as a step runs them: every decoder layer's projections in
+    turn, each layer's as the model calls them (int4 siblings in their one joined call, Int4Siblings), on
+    inputs made before the clock starts, and the head at its logits rows; best of REPEATS interleaved rounds.
+    Torch's intra-op threads are the process's, so the step's: the engine's worker and this thread share them."""
 
     def __init__(self, loaded):
         import torch
@@ -165,6 +167,7 @@ class Kernels:
         layers = _decoder_layers(self.model)
         self.layers = len(layers)
         self.projections = _projections(layers[0])
+        self.every_layer = [_projections(layer) for layer in layers]
         self.head = _head(self.model)
 
     def _x(self, rows: int, width: int):
@@ -173,11 +176,13 @@ class Kernels:
         return torch.randn(1, rows, width, device=self.device, dtype=self.dtype)
 
     def _layer_call(self, rows: int):
+        # one tensor a width: siblings (q, k, v; gate, up) share one call on the same input, as in the model
+        inputs = {m.in_features: self._x(rows, m.in_features) for m in self.projections}
+
         def run():
-            inputs = {}  # one tensor a width: siblings (q, k, v; gate, up) share one call on the same input
-            for module in self.projections:
-                x = inputs.setdefault(module.in_features, self._x(rows, module.in_features))
-                module(x)
+            for projections in self.every_layer:
+                for module in projections:
+                    module(inputs[module.in_features])
 
         return run
 
@@ -203,7 +208,7 @@ class Kernels:
         for _ in range(REPEATS):
             for call, work in works.items():
                 best[call] = min(best[call], self._timed(call[1], call[2], work))
-        return {c: (s * self.layers if c[0] == "layers" else s) for c, s in best.items()}
+        return best
 
     def layer_flops(self, rows: int) -> int:
         return 2 * rows * self.layers * sum(m.in_features * m.out_features for m in self.projections)
@@ -328,10 +333,11 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         "held_by_roof": HELD_BY_ROOF,
         **floors,
         "points": points,
-        "basis": "each step against its own kernels, measured on the machine that ran it: one decoder layer's "
-        f"projections as the model calls them at the step's rows (x {kernels.layers} layers) plus the head, "
-        f"best of {REPEATS} interleaved (one layer's weights can stay in cache between repeats, so the kernels' time is a "
-        "cache-warm lower bound and their share of the copy bandwidth an upper one); "
+        "basis": "each step against its own kernels, measured on the machine that ran it: the projections of all "
+        f"{kernels.layers} decoder layers in turn, as the model calls them at the step's rows (the int4 siblings in "
+        f"their one joined call), plus the head, best of {REPEATS} interleaved rounds on the step's threads (a "
+        "lower bound: the step runs these calls and its attention, norms and bookkeeping besides), checked live: "
+        "each floor below its step and no floor falling as rows grow, else no verdict is drawn; "
         f"{route_rule(shape.route, shape.float_prefill)}; bandwidth by a 256 MiB copy (bytes read + "
         "written); FLOPs and bytes computed by formulas/cost.py; a step whose larger floor (its kernels alone, "
         f"or its bytes at that bandwidth) fills under {HELD_BY_ROOF:.0%} of it is called overhead",

@@ -170,3 +170,34 @@ def test_the_bench_kernel_rates_measure(route):
 
     got = rl.kernel_rate(torch.device("cpu"), route, n=64, repeats=2)
     assert got["flops"] == 2 * 64**3 and got["gflop_per_s"] > 0 and route in got["what"]
+
+
+def test_the_kernels_run_every_layer_once_a_call_as_the_step_does(int4):
+    kernels = rl.Kernels(int4)
+    calls = []
+    hooks = [
+        m.register_forward_hook(lambda module, args, out, i=i: calls.append(i))
+        for i, layer in enumerate(kernels.every_layer)
+        for m in layer
+    ]
+    try:
+        kernels._layer_call(4)()
+    finally:
+        for h in hooks:
+            h.remove()
+    per_layer = len(kernels.projections)
+    assert calls == [i for i in range(kernels.layers) for _ in range(per_layer)]
+
+
+def test_the_kernels_thread_shares_the_engines_torch_threads():
+    """The floors are timed on the experiment's thread, the steps on the engine's worker: torch's intra-op
+    thread count is the process's, so both run on the same threads."""
+    import threading
+
+    import torch
+
+    seen = {}
+    worker = threading.Thread(target=lambda: seen.setdefault("threads", torch.get_num_threads()))
+    worker.start()
+    worker.join()
+    assert seen["threads"] == torch.get_num_threads()
