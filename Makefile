@@ -43,9 +43,12 @@ run: install
 	@echo "==> serving kvscope on http://$(HOST):$(PORT)/  (Ctrl-C stops)"
 	$(BIN)/kvscope serve --host $(HOST) --port $(PORT) $(ARGS)
 
+# pytest-xdist workers, one a core (each on one torch thread: tests/numeric_config.py), a test file to a
+# worker so a module's fixtures are set up once. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= auto
 test: install-test chromium lint
 	@echo "==> running the test suite (unit, live, browser, real model, reliability)"
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff: lint rules and the formatter's check (`$(BIN)/ruff format .` applies it).
 lint: install-test
@@ -90,8 +93,9 @@ test-vllm: install-test chromium $(VLLM_VENV)/.installed
 	KVSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra -m vllm tests/vllm $(PYTEST_ARGS)
 
 # The numerics-sensitive tests under each CPU capability torch can be forced to (MKL's and oneDNN's caps to
-# match; a capability the CPU lacks falls back to the best it has), then natively on one torch thread: a test
-# that holds only on this CPU's rounding fails here (docs/reliability.md, "What is bit-exact"). ~40 min on 2 cores.
+# match; a capability the CPU lacks falls back to the best it has), then natively on two torch threads (the
+# suite's own configuration is one: tests/numeric_config.py): a test that holds only on this CPU's rounding
+# or thread count fails here (docs/reliability.md, "What is bit-exact"). ~40 min on 2 cores.
 test-portability: install-test
 	@set -e; tests="tests/unit/test_static_step.py tests/unit/test_batching.py tests/unit/test_dtypes.py \
 	  tests/unit/test_quantize_siblings.py tests/model/test_static_step_model.py tests/model/test_batching_model.py \
@@ -101,8 +105,8 @@ test-portability: install-test
 	  echo "==> torch kernels forced to $$1"; \
 	  ATEN_CPU_CAPABILITY=$$1 MKL_ENABLE_INSTRUCTIONS=$$2 ONEDNN_MAX_CPU_ISA=$$3 \
 	    $(BIN)/python -m pytest -q -ra $$tests $(PYTEST_ARGS); done; \
-	echo "==> this CPU's own kernels, one torch thread"; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra $$tests $(PYTEST_ARGS)
+	echo "==> this CPU's own kernels, two torch threads"; \
+	KVSCOPE_TEST_THREADS=2 $(BIN)/python -m pytest -q -ra $$tests $(PYTEST_ARGS)
 
 # The real clients people point at a server (lm-eval, guidellm, LangChain, the openai SDK), pinned, in
 # their own venv (guidellm pulls a CUDA torch unless a CPU one is there first: torch 2.13.0 goes in first,

@@ -21,6 +21,7 @@ Contract:
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.server
 import json
@@ -180,8 +181,12 @@ def figures():
     yield record
     if record:
         FIGURES_PATH.parent.mkdir(exist_ok=True)
-        old = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}
-        FIGURES_PATH.write_text(json.dumps({**old, **record}, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
+        # Each pytest-xdist worker merges its own cases: one at a time, so none is lost to another's write.
+        with open(FIGURES_PATH.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            old = json.loads(FIGURES_PATH.read_text()) if FIGURES_PATH.exists() else {}
+            merged = json.dumps({**old, **record}, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+            FIGURES_PATH.write_text(merged)
 
 
 class QuietFiles(http.server.SimpleHTTPRequestHandler):
