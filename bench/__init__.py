@@ -1,2 +1,4 @@
-"""`kvscope bench`: measures queue, TTFT, TPOT, ITL and E2E on the real model through the engine,
-beside baselines run in the same process; ratios, never absolute timed assertions."""
+"""`kvscope bench` and `kvscope class-sim`: one module per benchmark (the grid, batching, dtypes with its
+anchors, batch invariance, the simulated class) over one shared floor: clients.py records each request,
+measure.py and baselines.py measure, report.py counts, judges, checks and writes; ratios, never absolute
+timed assertions."""

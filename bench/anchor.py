@@ -11,15 +11,21 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+from typing import Callable, TextIO
+
+from .report import agreement, fmt_num, judged, spread
 
 NODE_PACKAGE, NODE_VERSION = "node-llama-cpp", "3.21.1"
 SCRIPT = Path(__file__).with_name("anchor_node.mjs")
 CONTEXT_SIZE = 2048
 TIMEOUT_S = 900
+ANCHOR_GOAL = ("min", 0.8)  # lone decode tokens/s over llama.cpp's on the same GGUF
+NATIVE_ANCHOR_GOAL = ("min", 1.2)  # the native step's lone decode over llama.cpp's
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,6 @@ def _run_node(anchor: Anchor, gguf: Path, prompts: list[list[int]], new_tokens: 
 
 
 def _run_python(gguf: Path, prompts: list[list[int]], new_tokens: int, threads: int) -> dict:
-    import time
-
     from llama_cpp import Llama  # type: ignore[import-not-found]
 
     llm = Llama(model_path=str(gguf), n_ctx=CONTEXT_SIZE, n_threads=threads, verbose=False)
@@ -226,3 +230,128 @@ def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quali
         "batched_tokens_per_s": [b["tokens_per_s"] for b in batched],
         "quality_answers": answers,
     }
+
+
+# ---- the anchors beside the routes of a `kvscope bench --dtypes` run ---------------------------------
+
+
+def _token_ids(engine) -> Callable[[dict], list[int]]:
+    """A generate payload -> the token ids the engine's chat template gives it: what each anchor is sent."""
+    from model_runner.request import parse_generate
+    from model_runner.text.prompt import plan
+
+    tokenizer, window = engine.loaded.tokenizer, engine.loaded.facts.context_window
+    return lambda payload: plan(tokenizer, parse_generate(payload), window).ids
+
+
+def _summarized(result: dict, keys: tuple[str, ...], reference: list) -> dict:
+    """An anchor's runs as medians with their spread, its greedy answers compared with the reference route's."""
+    if result["available"]:
+        for key in keys:
+            result[key] = spread([v for v in result[key] if v is not None])
+        result["agreement"] = agreement(result.pop("quality_answers"), reference)
+    return result
+
+
+def llamacpp_beside(args, lone: dict, engine, quality: list[dict], output: int, repeats: int, reference: list,
+                    quality_tokens: int) -> dict | None:  # fmt: skip
+    """llama.cpp on the bundled GGUF with the token ids the engine's chat template gives (None without
+    --anchor); its greedy answers compared with the reference route's."""
+    if not getattr(args, "anchor", None):
+        return None
+    if args.model != "default":
+        return {"available": False, "why": "the llama.cpp anchor runs the bundled GGUF only (--model default)"}
+    import torch
+
+    from model_runner.loading.loader import find_default_gguf
+
+    ids = _token_ids(engine)
+    print("  llama.cpp anchor: the lone prompt, then the quality prompts", file=sys.stderr, flush=True)
+    result = run_anchor(find_default_gguf(), ids(lone), repeats, [ids(q) for q in quality], output, quality_tokens,
+                        torch.get_num_threads())  # fmt: skip
+    return _summarized(result, ("lone_decode_tokens_per_s", "prefill_ms"), reference)
+
+
+def vllm_beside(args, payloads: list[dict], engine, quality: list[dict], output: int, repeats: int, reference: list,
+                quality_tokens: int) -> dict | None:  # fmt: skip
+    """vLLM's CPU build on the same weights and token ids (None without --anchor vllm); run after every
+    engine turn, as its idle worker would take a core from them."""
+    if getattr(args, "anchor", None) != "vllm":
+        return None
+    if args.model != "default":
+        return {"available": False, "why": "the vLLM anchor serves the bundled model only (--model default)"}
+    ids = _token_ids(engine)
+    print("  vLLM anchor: starting vLLM (minutes), then the lone prompt, the batch, the quality prompts", file=sys.stderr,
+          flush=True)  # fmt: skip
+    log_path = Path(args.json or "bench-dtypes").with_suffix(".vllm.log")
+    result = run_vllm_anchor(ids(payloads[0]), [ids(p) for p in payloads], repeats, [ids(q) for q in quality], output,
+                             quality_tokens, log_path)  # fmt: skip
+    return _summarized(result, ("lone_decode_tokens_per_s", "prefill_ms", "batched_tokens_per_s"), reference)
+
+
+def llamacpp_ratios(rows: dict, anchor: dict | None) -> dict:
+    """Each route's median lone decode tokens/s over llama.cpp's (separate turns of one run, so medians)."""
+    if not anchor or not anchor.get("available"):
+        return {}
+    theirs = anchor["lone_decode_tokens_per_s"]["median"]
+    report = {}
+    for route, row in rows.items():
+        ours = row["lone_decode_tokens_per_s"]["median"]
+        value = ours / theirs if ours and theirs else None
+        native = (row.get("decoder") or {}).get("name") == "native"
+        report[f"lone_{route}_over_llamacpp"] = judged(
+            f"lone client: decode tokens/s, {route} / llama.cpp (medians)", spread([value] if value else []), value,
+            NATIVE_ANCHOR_GOAL if native else ANCHOR_GOAL,
+        )  # fmt: skip
+    return report
+
+
+def vllm_ratios(rows: dict, vllm: dict | None) -> dict:
+    """Each route's medians over vLLM's (separate turns of one run): lone decode, prefill, N clients."""
+    if not vllm or not vllm.get("available"):
+        return {}
+    report = {}
+    for route, row in rows.items():
+        for name, key, what in (
+            ("lone", "lone_decode_tokens_per_s", "lone client: decode tokens/s"),
+            ("prefill", "prefill_ms", "lone client: prefill time"),
+            ("batched", "batched_tokens_per_s", "clients: aggregate tokens/s"),
+        ):
+            a, b = row[key]["median"], vllm[key]["median"]
+            value = a / b if a and b else None
+            report[f"{name}_{route}_over_vllm"] = judged(
+                f"{what}, {route} / vLLM CPU (medians)", spread([value] if value else []), value, None
+            )
+    return report
+
+
+def print_anchors(report: dict, clients: int, out: TextIO) -> None:
+    """Each anchor asked for: what it measured beside the routes, or why it did not run."""
+    for name, key, line in (("llama.cpp", "anchor", _llamacpp_line), ("vLLM", "vllm_anchor", _vllm_line)):
+        result = report.get(key)
+        if result is not None:
+            ran = result["available"]
+            print(line(result, clients) if ran else f"\n{name} anchor: not run: {result['why']}", file=out)
+
+
+def _agreed(result: dict) -> str:
+    a = result["agreement"]
+    return f"{a['identical']}/{a['compared']} quality answers identical to the reference route's"
+
+
+def _llamacpp_line(anchor: dict, clients: int) -> str:
+    return (
+        f"\nllama.cpp anchor ({anchor['engine']}, {anchor['threads']} threads, same GGUF and token ids): lone decode "
+        f"{fmt_num(anchor['lone_decode_tokens_per_s']['median'])} tok/s, prefill "
+        f"{fmt_num(anchor['prefill_ms']['median'])} ms; {_agreed(anchor)}"
+    )
+
+
+def _vllm_line(vllm: dict, clients: int) -> str:
+    return (
+        f"\nvLLM anchor ({vllm['engine']}, worker on {vllm['threads'] or '?'} core(s), same weights and token ids, "
+        f"alone on the machine): lone decode {fmt_num(vllm['lone_decode_tokens_per_s']['median'])} tok/s, prefill "
+        f"{fmt_num(vllm['prefill_ms']['median'])} ms, {clients} clients "
+        f"{fmt_num(vllm['batched_tokens_per_s']['median'])} tok/s; {_agreed(vllm)}; ready after "
+        f"{vllm['ready_s']:.0f} s; {vllm['capacity'] or 'no capacity line'}"
+    )

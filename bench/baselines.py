@@ -1,7 +1,8 @@
 """What the engine is held to, on the same model object: a bare greedy loop (model + DynamicCache +
 argmax, the floor), transformers `generate` with a TextIteratorStreamer read from another thread
-(what a user writes by hand), transformers' own continuous batching, and the estimates that relate a
-measured time to the machine's ceilings (measured by serving_experiments/roofline.py)."""
+(what a user writes by hand), transformers' own continuous batching; one repetition's comparison of the
+engine with them, and the estimates that relate a measured time to the machine's ceilings (measured by
+serving_experiments/roofline.py)."""
 
 from __future__ import annotations
 

@@ -16,24 +16,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from model_runner.errors import UserError
-from model_runner.metrics import percentile
 
 from . import baselines as bl
+from . import class_scenario
+from . import report as floor
+from .batching_report import SCHEMA, print_report, ratios
 from .clients import Job, RequestRecord, run_jobs, run_stepped
-from .grid import Grid
-from .machine import load_average, machine_info
-from .progress import Progress, work
-from .prompts import Prompt, fit_prompt
-from .ratios import greedy_equality, judged, outputs, run_summary, totals
-from .stats import spread
-from .target import Target, open_target
+from .grid import Bench, Grid
+from .measure import Progress, Prompt, Target, fit_prompt, load_average, machine_info, open_target, work
+from .report import greedy_equality, outputs, run_summary, totals
 
 DEFAULTS = {"prompt": 64, "output": 32, "concurrency": (8, 16), "repeats": 1}
-# Targets from the issue (benchmarks: reported as met or missed, never asserted).
-SPEEDUP_GOALS = {8: ("min", 3.0), 16: ("min", 4.0)}  # batched tokens/s over one at a time
-HF_GOAL = ("min", 0.95)  # engine tokens/s over transformers' generate_batch
-LONE_GOAL = ("max", 1.10)  # a lone client's decode step over the bare loop's
-CLASS_TTFT_GOAL = ("max", 0.15)  # class scenario p99 TTFT, batched over one at a time
 
 
 @dataclass
@@ -140,28 +133,22 @@ def command_line(args: argparse.Namespace, s: dict) -> str:
 
 
 def run_batching(args: argparse.Namespace) -> int:
-    from .batching_report import finish
-
     settings = settings_of(args)
     started_at, t0 = datetime.now(UTC), time.monotonic()
     print(f"kvscope bench: loading {args.model} (in-process)", file=sys.stderr, flush=True)
-    from .class_scenario import CLASS_CLIENTS
-
     # transformers logs every paged cache it sizes at INFO; the run makes several
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
-    target = open_target(args, max(settings["concurrency"] + [CLASS_CLIENTS]))
+    target = open_target(args, max(settings["concurrency"] + [class_scenario.CLASS_CLIENTS]))
     try:
         report = measure_batching(
             BatchingRun(args, target, Progress(1, enabled=False), list(target.notes)), settings, started_at, t0
         )
     finally:
         target.close()
-    return finish(report, args, started_at)
+    return floor.finish(report, args.json, started_at, print_report, sys.stdout, SCHEMA, "bench-batching")
 
 
 def measure_batching(session: BatchingRun, s: dict, started_at: datetime, t0: float) -> dict:
-    from . import class_scenario
-
     machine = machine_info(session.target.loaded.facts)
     engine, describe = session.engine, session.target.describe
     hf_skip = bl.generate_batch_unavailable(session.model) if s["baselines"] else "--no-baselines"
@@ -309,8 +296,6 @@ def _ratio(a: dict | None, b: dict | None) -> float | None:
 def _lone(session: BatchingRun, prompt: Prompt, s: dict) -> dict:
     """A lone client: the engine (policy max_num_seqs=1, stepped on the baselines' thread) against the
     bare greedy loop, order rotating each repeat, as `kvscope bench` compares them."""
-    from .measure import Bench
-
     out, reps = s["output_tokens"], s["repeats"]
     bench = Bench(session.args, session.target, Grid((prompt.target,), (out,), (1,), reps))
     try:
@@ -329,40 +314,3 @@ def _lone(session: BatchingRun, prompt: Prompt, s: dict) -> dict:
         bench.close()
     session.notes += [n for n in bench.notes if n not in session.notes]
     return {"prompt_tokens": prompt.tokens, "output_tokens_target": out, "comparisons": comparisons}
-
-
-def ratios(throughput: list[dict], lone: dict | None, scenario: dict | None) -> dict[str, dict]:
-    """Each ratio's median over the repeats with its min-max, beside its target."""
-    report = {}
-    for n in sorted({t["clients"] for t in throughput}):
-        rows = [t["ratios"] for t in throughput if t["clients"] == n]
-        for key, text, goal in (
-            (
-                "batched_over_serial",
-                f"{n} clients: batched tokens/s / one at a time (max_num_seqs=1)",
-                SPEEDUP_GOALS.get(n),
-            ),
-            ("batched_over_hf", f"{n} clients: engine tokens/s / transformers generate_batch", HF_GOAL),
-            ("hf_over_serial", f"{n} clients: generate_batch tokens/s / engine one at a time", None),
-        ):
-            values = [r[key] for r in rows if r[key] is not None]
-            report[f"{key}_{n}"] = _judge(text, values, goal)
-    if lone is not None:
-        values = [
-            c["ratios"]["engine_step_over_bare"]
-            for c in lone["comparisons"]
-            if c["ratios"]["engine_step_over_bare"] is not None
-        ]
-        report["lone_step_over_bare"] = _judge(
-            "lone client: engine decode step / bare loop step (medians)", values, LONE_GOAL
-        )
-    for name, sc in ((scenario or {}).get("scenarios") or {}).items():
-        value = sc["ratios"]["ttft_p99_over_serial"]
-        report[f"class_{name}_ttft_p99_over_serial"] = _judge(
-            f"class, {name}: p99 TTFT batched / one at a time", [] if value is None else [value], CLASS_TTFT_GOAL
-        )
-    return report
-
-
-def _judge(text: str, values: list[float], goal) -> dict:
-    return judged(text, spread(values), percentile(values, 50), goal)

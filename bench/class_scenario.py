@@ -3,20 +3,20 @@ of short and long prompts and short and long answers (the long prompts share one
 different questions about it), run (a) all at once and (b) arriving at seeded random times over a
 few seconds; each with continuous batching and one at a time (max_num_seqs=1), both with prefix
 caching on and a cold prefix cache. Reports TTFT, TPOT and ITL distributions, preemptions,
-prefix-cache hits and failures, and greedy equality between the two."""
+prefix-cache hits and failures, and greedy equality between the two; its part of the report's
+contract (SCENARIO) and its table."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
+from . import report as floor
 from .clients import Job, RequestRecord
-from .progress import work
-from .prompts import Prompt, fit_prompt
-from .ratios import greedy_equality, outputs, run_summary
-from .stats import describe, latency_samples
+from .measure import Prompt, fit_prompt, work
+from .report import DIST, INT, METRICS, NUM, OPT_NUM, REQUEST, TOTALS, describe, fmt_num, latency_samples
 
 CLASS_CLIENTS = 16
 # (kind, prompt tokens, max new tokens): four of each in a class of 16, in a seeded order.
@@ -36,7 +36,6 @@ QUESTIONS = (
     "Give an example.",
     "What limits decoding?",
 )
-METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ def scenario(runs: dict[str, dict], records: dict[str, list[RequestRecord]]) -> 
     b, s = runs["batched"], runs["serial"]
     return {
         **runs,
-        "greedy": greedy_equality(outputs(records["batched"]), outputs(records["serial"])),
+        "greedy": floor.greedy_equality(floor.outputs(records["batched"]), floor.outputs(records["serial"])),
         "ratios": {
             "ttft_p99_over_serial": _over(b, s, "ttft_ms", "p99"),
             "ttft_p50_over_serial": _over(b, s, "ttft_ms", "p50"),
@@ -138,7 +137,7 @@ def class_run(
             "tpot_ms": describe([r.tpot_ms for r in mine if r.tpot_ms is not None]),
         }
     return {
-        **run_summary(records, wall, counters),
+        **floor.run_summary(records, wall, counters),
         "failures": len(records) - len(ok),
         "metrics": {m: describe(pooled[m]) for m in METRICS},
         "by_kind": kinds,
@@ -156,3 +155,118 @@ def class_run(
             for r, c, d in zip(records, classroom, delays)
         ],
     }
+
+
+# ---- the output's contract ----------------------------------------------------------------------
+
+RUN = {
+    "type": "object",
+    "required": ["requests", "completed", "output_tokens", "wall_s", "tokens_per_s"],
+    "properties": {
+        "requests": INT,
+        "completed": INT,
+        "output_tokens": INT,
+        "wall_s": NUM,
+        "tokens_per_s": OPT_NUM,
+        "steps": INT,
+        "preemptions": INT,
+        "prefix_hit_tokens": INT,
+        "totals": TOTALS,
+    },
+}
+EQUALITY = {
+    "type": "object",
+    "required": ["identical", "compared", "first_diff"],
+    "properties": {
+        "identical": INT,
+        "compared": INT,
+        "first_diff": {
+            "type": "array",
+            "items": {"type": "object", "required": ["request", "token"], "properties": {"request": INT, "token": INT}},
+        },
+    },
+}
+OPT_RATIOS = {"type": "object", "additionalProperties": OPT_NUM}
+CLASS_RUN = {
+    **RUN,
+    "required": RUN["required"]
+    + [
+        "steps",
+        "preemptions",
+        "prefix_hit_tokens",
+        "failures",
+        "metrics",
+        "by_kind",
+        "preempted_requests",
+        "prefix_hit_requests",
+        "per_request",
+    ],
+    "properties": {
+        **RUN["properties"],
+        "failures": INT,
+        "preempted_requests": INT,
+        "prefix_hit_requests": INT,
+        "request_prefix_hit_tokens": INT,
+        "metrics": {"type": "object", "required": list(METRICS), "properties": {m: DIST for m in METRICS}},
+        "by_kind": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["ttft_ms", "tpot_ms"],
+                "properties": {"ttft_ms": DIST, "tpot_ms": DIST},
+            },
+        },
+        "per_request": {"type": "array", "items": REQUEST},
+    },
+}
+SCENARIO = {
+    "type": "object",
+    "required": ["batched", "serial", "greedy", "ratios"],
+    "properties": {
+        "batched": CLASS_RUN,
+        "serial": CLASS_RUN,
+        "greedy": EQUALITY,
+        "ratios": {**OPT_RATIOS, "required": ["ttft_p99_over_serial"]},
+    },
+}
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def eq_text(e: dict | None) -> str:
+    return "-" if e is None else f"{e['identical']}/{e['compared']}"
+
+
+def print_class(c: dict, out: TextIO) -> None:
+    kinds = sorted({r["kind"] for r in c["requests"]})
+    counts = ", ".join(f"{sum(r['kind'] == k for r in c['requests'])} {k}" for k in kinds)
+    print(
+        f"\nClass scenario: {c['clients']} clients ({counts}); burst = all at once, arrivals = seeded uniform over "
+        f"{c['arrival_s']:g} s (seed {c['seed']}); prefix caching on, cold at the start of each run",
+        file=out,
+    )
+    print(
+        f"  {'scenario':<9} {'mode':<8} {'done':>4} {'fail':>4} | {'TTFT p50':>9} {'p95':>8} {'p99':>8} | "
+        f"{'TPOT p50':>8} {'p95':>6} {'p99':>6} | {'ITL p50':>7} {'p95':>6} {'p99':>6} | {'tok/s':>6} "
+        f"{'preempt':>7} {'prefix hits':>13}",
+        file=out,
+    )
+    for name, sc in c["scenarios"].items():
+        for mode in ("batched", "serial"):
+            r = sc[mode]
+            t, p, i = r["metrics"]["ttft_ms"], r["metrics"]["tpot_ms"], r["metrics"]["itl_ms"]
+            print(
+                f"  {name:<9} {mode:<8} {r['completed']:>4} {r['failures']:>4} | {fmt_num(t['p50'], 0):>9} "
+                f"{fmt_num(t['p95'], 0):>8} {fmt_num(t['p99'], 0):>8} | {fmt_num(p['p50'], 0):>8} {fmt_num(p['p95'], 0):>6} "
+                f"{fmt_num(p['p99'], 0):>6} | {fmt_num(i['p50'], 0):>7} {fmt_num(i['p95'], 0):>6} {fmt_num(i['p99'], 0):>6} | "
+                f"{fmt_num(r['tokens_per_s']):>6} {r['preemptions']:>7} "
+                f"{r['prefix_hit_tokens']:>6} ({r['prefix_hit_requests']} req)",
+                file=out,
+            )
+        q = sc["ratios"]
+        print(
+            f"  {name:<9} batched/serial: p99 TTFT {fmt_num(q['ttft_p99_over_serial'], 3)}x, p50 TTFT "
+            f"{fmt_num(q['ttft_p50_over_serial'], 3)}x, p50 TPOT {fmt_num(q['tpot_p50_over_serial'], 2)}x, tokens/s "
+            f"{fmt_num(q['tokens_per_s_over_serial'], 2)}x; greedy identical {eq_text(sc['greedy'])}",
+            file=out,
+        )

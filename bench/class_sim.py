@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 from model_runner.metrics import p50_p95
 
 from .class_scenario import MIX, QUESTIONS
-from .clients import RequestRecord, now
-from .prompts import prompt_text
+from .clients import RequestRecord, now, span_s
+from .measure import prompt_text
 
 TERMINAL = frozenset({"finished", "cancelled", "error"})
 WORDS_PER_TOKEN = 0.7  # about how many English words a token of this text holds (SmolLM2's tokenizer)
@@ -285,9 +285,7 @@ def summarize(class_: list[_Student], watcher: _Projector | None, seconds: float
         else:
             summary.errors[record.reason or "error"] = summary.errors.get(record.reason or "error", 0) + 1
     summary.tokens = sum(len(r.token_ids) for r in records)
-    starts = [r.sent for r in records if r.sent is not None]
-    ends = [r.end_at for r in records if r.end_at is not None]
-    wall = max(ends) - min(starts) if starts and ends else 0.0
+    wall = span_s(records)
     summary.tokens_per_s = round(summary.tokens / wall, 3) if wall > 0 else None
     summary.ttft_ms = p50_p95([r.ttft_ms for r in records])
     summary.tpot_ms = p50_p95([r.tpot_ms for r in records])

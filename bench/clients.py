@@ -1,7 +1,7 @@
-"""Clients that drive the engine the way users do and time what they receive: in-process (one
-thread per client reading its RequestHandle) or over the real WebSocket protocol (one socket per
-client). Every request becomes a RequestRecord, and one that fails, times out or is cancelled is
-recorded with its outcome, never dropped."""
+"""The recording floor: clients that drive the engine the way users do and time what they receive, in-process
+(one thread per client reading its RequestHandle), stepped on the caller's thread (an engine whose worker never
+started) or over the real WebSocket protocol (one socket per client). Every request becomes a RequestRecord;
+one that fails, times out or is cancelled is recorded with its outcome, never dropped."""
 
 from __future__ import annotations
 
@@ -184,23 +184,40 @@ class InProcessClient:
 
 
 def run_stepped(engine, job: Job, request_id: str) -> RequestRecord:
-    """One request on an engine whose worker thread was never started: this thread runs the
-    engine's own step() until the request ends, while another reads its events. The bench puts
-    the engine's model work on the same thread as the baselines' this way, so no side is helped
-    or hurt by which thread torch runs on."""
+    """One request on an engine whose worker thread was never started (run_stepped_all)."""
+    (record,), _ = run_stepped_all(engine, [job], [request_id])
+    return record
+
+
+def run_stepped_all(engine, jobs: list[Job], request_ids: list[str]) -> tuple[list[RequestRecord], float]:
+    """The requests submitted at once on an engine whose worker thread was never started: this thread runs
+    the engine's own step() until every one has ended, while a reader per request takes its events. The
+    bench puts the engine's model work on the same thread as the baselines' (or as every other route's)
+    this way, so no side is helped or hurt by which thread torch runs on; (records, span_s)."""
     import torch
 
-    record = RequestRecord(request_id)
-    handle = submit_job(engine, job, record, lambda: None)
-    if handle is None:
-        return record
-    reader = threading.Thread(target=read_events, args=(handle, job, record), name="bench-reader", daemon=True)
-    reader.start()
+    records = [RequestRecord(rid) for rid in request_ids]
+    handles = [submit_job(engine, job, record, lambda: None) for job, record in zip(jobs, records)]
+    readers = [
+        threading.Thread(target=read_events, args=(handle, job, record), name="bench-reader", daemon=True)
+        for handle, job, record in zip(handles, jobs, records)
+        if handle is not None
+    ]
+    for reader in readers:
+        reader.start()
     with torch.inference_mode():  # as the engine's worker runs its steps
-        while not handle.done:
+        while not all(handle is None or handle.done for handle in handles):
             engine.step()
-    reader.join()
-    return record
+    for reader in readers:
+        reader.join()
+    return records, span_s(records)
+
+
+def span_s(records: list[RequestRecord]) -> float:
+    """Seconds from the first request sent to the last terminal event (0 when none was sent or ended)."""
+    starts = [r.sent for r in records if r.sent is not None]
+    ends = [r.end_at for r in records if r.end_at is not None]
+    return max(ends) - min(starts) if starts and ends else 0.0
 
 
 def submit_job(engine, job: Job, record: RequestRecord, ready: Callable[[], Any]):
@@ -318,7 +335,4 @@ def run_jobs(client: Client, jobs: list[Job], prefix: str) -> tuple[list[Request
     for t in threads:
         t.join()
     done = [r for r in records if r is not None]
-    starts = [r.sent for r in done if r.sent is not None]
-    ends = [r.end_at for r in done if r.end_at is not None]
-    wall = max(ends) - min(starts) if starts and ends else 0.0
-    return done, wall
+    return done, span_s(done)

@@ -6,18 +6,18 @@ the median decode step, and how many batched answers were the lone ones. Prints 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TextIO
 
 from model_runner.local.engine import Engine, EngineConfig
 from model_runner.metrics import p50_p95, percentile
 from model_runner.request import parse_generate
 from serving_experiments.prompts import QUESTIONS
 
-from .machine import load_average, machine_info
+from . import report as floor
+from .measure import load_average, machine_info
 
 MODES = (("default", False), ("invariant", True))
 
@@ -81,7 +81,7 @@ def run_invariance(args: argparse.Namespace) -> int:
         phase(engine, questions[:1], 4, together=False)  # warm-up: a fresh process's first steps pay one-off costs
         runs = {}
         for name, on in MODES:
-            engine.set_batch_invariant(on)
+            engine.set_policy(batch_invariant=on)
             if on:
                 phase(engine, questions[:1], 4, together=False)  # the mode's own warm-up (its kernel check)
             lone = phase(engine, questions, tokens, together=False)
@@ -104,12 +104,7 @@ def run_invariance(args: argparse.Namespace) -> int:
         "cost": cost(runs),
         "mode": report,
     }
-    print_table(result)
-    path = args.json or f"bench-invariance-{started.strftime('%Y%m%d-%H%M%S')}.json"
-    with open(path, "w", encoding="utf-8") as out:
-        json.dump(result, out, indent=1)
-    print(f"wrote {path}")
-    return 0
+    return floor.finish(result, args.json, started, print_table, sys.stdout, name="bench-invariance")
 
 
 def cost(runs: dict) -> dict[str, float | None]:
@@ -123,10 +118,11 @@ def cost(runs: dict) -> dict[str, float | None]:
     return out
 
 
-def print_table(result: dict) -> None:
+def print_table(result: dict, out: TextIO) -> None:
     n = result["clients"]
     print(
-        f"{'mode':<10} {'where':<12} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10} {'ITL p50':>9}  batched = lone"
+        f"{'mode':<10} {'where':<12} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10} {'ITL p50':>9}  batched = lone",
+        file=out,
     )
     for name, run in result["runs"].items():
         for where in ("lone", "batched"):
@@ -135,6 +131,7 @@ def print_table(result: dict) -> None:
             same = f"{run['batched_equal_lone']} of {n}" if where == "batched" else ""
             print(
                 f"{name:<10} {label:<12} {r['tokens_per_s']:>9.1f} {r['ttft_ms']['p50']:>8.0f}ms "
-                f"{r['ttft_ms']['p95']:>8.0f}ms {r['itl_ms_p50']:>7.1f}ms  {same}"
+                f"{r['ttft_ms']['p95']:>8.0f}ms {r['itl_ms_p50']:>7.1f}ms  {same}",
+                file=out,
             )
-    print("mode over default: " + ", ".join(f"{k} ×{v}" for k, v in result["cost"].items()))
+    print("mode over default: " + ", ".join(f"{k} ×{v}" for k, v in result["cost"].items()), file=out)

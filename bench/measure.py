@@ -1,293 +1,234 @@
-"""One benchmark session on an opened Target: the machine's ceilings, a warm-up, every cell of the
-grid (with the baselines interleaved where there is one client) and the kv_cache=false probe, each
-turned into the report's cell, comparison and probe dicts."""
+"""The measuring floor every benchmark stands on: the machine it ran on (recorded with every report), the
+thing under test opened (an in-process engine, or a running `kvscope serve` over its WebSocket), the
+deterministic prompts of a given token length, and the progress bar on stderr."""
 
 from __future__ import annotations
 
 import argparse
-from concurrent.futures import ThreadPoolExecutor
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from model_runner.errors import UserError
-from model_runner.loading.model_shape import shape_of
-from model_runner.metrics import percentile
-from serving_experiments import roofline
+from model_runner.request import parse_generate
 
-from . import baselines as bl
-from .clients import Job, RequestRecord, run_jobs, run_stepped
-from .grid import CACHE_OFF_TOKENS, Cell, Grid, cells_of
-from .progress import Progress, work
-from .prompts import Prompt
-from .ratios import first_difference, totals
-from .stats import METRICS, describe, latency_samples
-from .target import Target
+from .clients import InProcessClient, WebSocketClient
+
+# ---- the machine ---------------------------------------------------------------------------------
 
 
-class Bench:
-    def __init__(self, args: argparse.Namespace, target: Target, grid: Grid):
-        self.args, self.target, self.grid = args, target, grid
-        self.model = target.loaded.model
-        self.facts = target.loaded.facts
-        self.shape = shape_of(target.loaded)
-        self.eos = target.loaded.tokenizer.eos_ids
-        self.hf_tokenizer = getattr(target.loaded.tokenizer, "tok", None)
-        self.baselines = not args.no_baselines
-        self.generate_skip = bl.generate_streamer_unavailable(self.model, self.hf_tokenizer) if self.baselines else None
-        self.notes: list[str] = list(target.notes)
-        self.ceilings: dict[str, Any] = {}
-        # The comparisons run all their model work on one thread: on a busy 2-core machine the same
-        # torch loop measured up to 3x slower on one thread than on another (see docs/performance.md),
-        # which would swamp a 3 % target. So the engine compared with the baselines is a second
-        # Engine on the same model object, its worker never started, stepped on this thread.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")
-        self.stepped = None
-        if self.baselines:
-            from model_runner.local.engine import Engine, EngineConfig
+def machine_info(facts) -> dict[str, Any]:
+    import torch
+    import transformers
 
-            config = EngineConfig(model=args.model, timeout_s=600.0, decoder=getattr(args, "decoder", "auto"))
-            self.stepped = Engine(config, loaded=target.loaded)
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": facts.device,
+        "device_name": facts.device_name,
+        "load_average_start": load_average(),
+    }
 
-    def on_thread(self, fn: Callable, *args):
-        return self._thread.submit(fn, *args).result()
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, or None where the system has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---- the thing under test ------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """The engine as the bench reaches it, and the model object the baselines run on."""
+
+    mode: str
+    client: Any
+    loaded: Any  # LoadedModel: model, tokenizer adapter, facts
+    describe: Callable[[Any], dict]  # GenerateParams -> describe_prompt's dict
+    close: Callable[[], None]
+    notes: list[str] = field(default_factory=list)
+
+
+def open_target(args: argparse.Namespace, max_clients: int) -> Target:
+    if args.via_websocket:
+        return _websocket_target(args)
+    from model_runner.local.engine import Engine, EngineConfig
+
+    engine = Engine(
+        EngineConfig(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_queue=max(64, max_clients),
+            timeout_s=600.0,
+            kv_cache_mb=getattr(args, "kv_cache_mb", None),
+            decoder=getattr(args, "decoder", "auto"),
+        )
+    ).start()
+    try:
+        engine.wait_ready(900)
+    except RuntimeError as exc:
+        engine.shutdown()
+        raise UserError(f"the model did not load: {exc}", code="model_failed", field="model") from None
+    return Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, engine.shutdown)
+
+
+def _websocket_target(args: argparse.Namespace) -> Target:
+    """The server runs the engine; this process loads the same model for prompts and baselines."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from model_runner.loading.loader import load
+    from model_runner.text.prompt import plan
+
+    parts = urlsplit(args.via_websocket)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise UserError(
+            f"--via-websocket must be a ws:// or wss:// URL, got {args.via_websocket!r}", field="via_websocket"
+        )
+    http = f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}/api/model"
+    try:
+        with urllib.request.urlopen(http, timeout=10) as response:
+            server = json.load(response)
+    except OSError as exc:
+        raise UserError(
+            f"--via-websocket: cannot reach {http} ({exc}); is `kvscope serve` running?", field="via_websocket"
+        ) from None
+    if server.get("status") != "ready":
+        raise UserError(
+            f"--via-websocket: the server's model is {server.get('status')}; try again when it is ready",
+            code="model_loading",
+            field="via_websocket",
+        )
+    loaded = load(args.model, args.device, args.dtype)
+    target = Target(
+        "websocket",
+        WebSocketClient(args.via_websocket),
+        loaded,
+        lambda params: plan(loaded.tokenizer, params, loaded.facts.context_window).to_dict(),
+        lambda: None,
+    )
+    served = (server.get("facts") or {}).get("name")
+    if served != loaded.facts.name:
+        target.notes.append(
+            f"the server runs {served!r} but the baselines ran {loaded.facts.name!r}: pass the "
+            "server's model with --model"
+        )
+    target.notes.append(
+        "over the WebSocket the baselines ran in the bench process, on its own copy of the same "
+        "weights, while the server sat idle"
+    )
+    return target
+
+
+# ---- prompts -------------------------------------------------------------------------------------
+
+# Deterministic prompt text (kvscope's own words): an instruction that invites a long answer, then
+# notes cycled as needed. A prompt of N tokens is the longest prefix of this that fits in N.
+INSTRUCTION = "Write a long, detailed essay that explains the following notes, point by point."
+NOTES = (
+    "A language model reads the whole prompt in one pass, called prefill, and stores a key and a value "
+    "for every token in every layer. Then it writes the answer one token at a time; each new token "
+    "attends to everything stored so far, so the cache grows by one position per step. Prefill is limited "
+    "by arithmetic, because many tokens share each weight read, while decoding is limited by memory, "
+    "because every step reads all the weights to produce a single token. Queues form when more people "
+    "ask than the model can serve, and the waiting shows up as time to first token. Streaming sends each "
+    "piece of text as soon as it is ready, so a reader sees progress long before the answer is complete."
+).split()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    target: int
+    messages: list[dict[str, str]]
+    ids: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+
+VARIANT_STRIDE = 11  # words the notes move on per prompt variant, so variants differ early
+
+
+def prompt_text(words: int, variant: int = 0, suffix: str = "") -> str:
+    """The first `words` words of the instruction followed by the notes, cycled (from word
+    variant x VARIANT_STRIDE of the notes, so each variant is a different prompt), then `suffix`."""
+    start = variant * VARIANT_STRIDE
+    pool = INSTRUCTION.split() + [NOTES[(start + i) % len(NOTES)] for i in range(max(0, words))]
+    return " ".join(pool[: max(1, words)]) + (f" {suffix}" if suffix else "")
+
+
+def fit_prompt(describe: Callable[[Any], dict], target: int, variant: int = 0, suffix: str = "") -> Prompt:
+    """The longest prompt (template included) of at most `target` tokens; the shortest one when even
+    one word is over. Binary search over the word count: tokens only grow as words are added.
+    Prompts with the same variant and different suffixes share their beginning (a common document
+    with different questions after it)."""
+
+    def tokens(words: int) -> tuple[int, list[int]] | None:
+        messages = [{"role": "user", "content": prompt_text(words, variant, suffix)}]
+        try:
+            view = describe(parse_generate({"messages": messages, "max_new_tokens": 1}))
+        except UserError:  # longer than the content limit or the context window
+            return None
+        return view["counts"]["total"], [t["id"] for t in view["tokens"]]
+
+    low, high = 1, 2
+    while (count := tokens(high)) is not None and count[0] <= target:
+        low, high = high, high * 2
+    while high - low > 1:  # invariant: low fits (or is the minimum), high does not
+        mid = (low + high) // 2
+        count = tokens(mid)
+        low, high = (mid, high) if count is not None and count[0] <= target else (low, mid)
+    fitted = tokens(low)
+    if fitted is None:
+        raise UserError("not even a one-word prompt fits this model's context window", field="prompt_lens")
+    return Prompt(target, [{"role": "user", "content": prompt_text(low, variant, suffix)}], fitted[1])
+
+
+# ---- progress ------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per step when stderr is not a terminal), with an
+    ETA from the work done so far; work is weighted by tokens to process."""
+
+    def __init__(self, total: float, enabled: bool = True, stream=None):
+        self.total, self.done, self.enabled = max(total, 1e-9), 0.0, enabled
+        self.stream = stream or sys.stderr
+        self.started = time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def step(self, label: str, weight: float) -> None:
+        if self.enabled:
+            elapsed = time.monotonic() - self.started
+            eta = f"{elapsed * (self.total - self.done) / self.done:4.0f}s left" if self.done else "   ? left"
+            filled = int(24 * self.done / self.total)
+            line = f"[{'#' * filled}{'.' * (24 - filled)}] {100 * self.done / self.total:3.0f}% {eta}  {label}"
+            self.stream.write(f"\r{line:<110}" if self.tty else line + "\n")
+            self.stream.flush()
+        self.done += weight
 
     def close(self) -> None:
-        self._thread.shutdown(wait=True)
-
-    def payload(self, prompt: Prompt, output: int, **extra) -> dict:
-        payload = {"messages": prompt.messages, "max_new_tokens": output, **extra}
-        if self.args.timeout:
-            payload["timeout_s"] = self.args.timeout
-        return payload
-
-    def measure_ceilings(self) -> None:
-        """Called before and after the grid; the best of the two stands, since on a shared machine a
-        ceiling measured while others were busy would make every fraction look better than it is. The
-        compute ceiling is measured in the kernel the layers run (the route's int4/int8 kernel, or a matmul)."""
-        import torch
-
-        device = torch.device(self.facts.device)
-        copy = self.on_thread(roofline.copy_bandwidth, device)
-        matmul = self.on_thread(roofline.compute_rate, device, self.shape.route)
-        if self.ceilings:
-            copy = max(copy, self.ceilings["copy"], key=lambda m: m["gb_per_s"])
-            matmul = max(matmul, self.ceilings["matmul"], key=lambda m: m["gflop_per_s"])
-        self.ceilings = {
-            "copy_gb_per_s": copy["gb_per_s"],
-            "matmul_gflop_per_s": matmul["gflop_per_s"],
-            "copy": copy,
-            "matmul": matmul,
-        }
-
-    def warm_up(self, prompt: Prompt) -> None:
-        """One short run of each, untimed: first calls pay for allocation and lazy imports."""
-        records, _ = run_jobs(self.target.client, [Job(self.payload(prompt, 4))], "warmup")
-        if records[0].outcome != "completed":
-            raise UserError(
-                f"the warm-up request did not complete ({records[0].outcome}: {records[0].reason} "
-                f"{records[0].message or ''}); nothing to measure",
-                code="bench_failed",
-            )
-        if self.baselines:
-            self.on_thread(run_stepped, self.stepped, Job(self.payload(prompt, 4)), "warmup-stepped")
-            self.on_thread(bl.bare_greedy_loop, self.model, prompt.ids, 4, self.eos)
-            if self.generate_skip is None:
-                self.on_thread(bl.generate_with_streamer, self.model, self.hf_tokenizer, prompt.messages, 4, self.eos)
-
-    def run(self, prompts: dict[int, Prompt], progress: Progress) -> tuple[list[dict], list[dict], list[RequestRecord]]:
-        """Every cell, repeated; at one client the baselines run in the same repetition, in an order
-        that rotates so none always runs first. Returns (cells, comparisons, every record)."""
-        cells, comparisons, everything = [], [], []
-        for cell in cells_of(self.grid, self.args.quick, self.baselines):
-            prompt, o, c, records, walls = prompts[cell.prompt], cell.output, cell.clients, [], []
-            runners = self.runners(cell)
-            for rep in range(cell.repeats):
-                order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
-                results: dict[str, Any] = {}
-                for name in order:
-                    progress.step(
-                        f"prompt {prompt.tokens} out {o} x{c} rep {rep + 1}/{cell.repeats}: {name}",
-                        work(prompt.tokens, o) * (c if name in ("engine", "socket") else 1),
-                    )
-                    results[name] = self.run_one(name, prompt, o, c, f"p{cell.prompt}-o{o}-c{c}-r{rep}", cell.baselines)
-                recs, wall = results["socket" if "socket" in results else "engine"]
-                records += recs
-                walls.append(wall)
-                if cell.baselines:
-                    comparisons.append(self.compare(prompt, o, rep, order, results["engine"][0][0], results))
-                if "socket" in results:  # the stepped engine's request counts in the totals too
-                    everything += results["engine"][0]
-            cells.append(self.cell(prompt, o, c, cell.repeats, records, walls))
-            everything += records
-        return cells, comparisons, everything
-
-    def runners(self, cell: Cell) -> list[str]:
-        """What runs in each repetition of a cell. Where baselines run, "engine" is the stepped
-        engine on their thread; over a WebSocket, "socket" is the request through the server,
-        whose records make the cell's distributions."""
-        if not cell.baselines:
-            return ["engine"]
-        return ["engine", "bare_loop", "generate_streamer"] + (["socket"] if self.target.mode == "websocket" else [])
-
-    def run_one(self, name: str, prompt: Prompt, output: int, clients: int, prefix: str, compared: bool = False):
-        if name == "engine" and compared:
-            record = self.on_thread(run_stepped, self.stepped, Job(self.payload(prompt, output)), f"{prefix}-0")
-            return [record], (record.end_at - record.sent) if record.sent and record.end_at else 0.0
-        if name in ("engine", "socket"):
-            return run_jobs(self.target.client, [Job(self.payload(prompt, output))] * clients, prefix)
-        if name == "generate_streamer" and self.generate_skip:
-            return None
-        try:
-            if name == "bare_loop":
-                return self.on_thread(bl.bare_greedy_loop, self.model, prompt.ids, output, self.eos)
-            return self.on_thread(
-                bl.generate_with_streamer, self.model, self.hf_tokenizer, prompt.messages, output, self.eos
-            )
-        except Exception as exc:  # a baseline that breaks is reported, and the run goes on
-            self.notes.append(f"{name} failed at prompt {prompt.tokens}, output {output}: {type(exc).__name__}: {exc}")
-            return None
-
-    def engine_summary(self, record: RequestRecord) -> dict | None:
-        """The engine's side of a comparison, plus its per-token work outside the model step."""
-        if record.outcome != "completed":
-            return None
-        n = len(record.token_ids)
-        summary = bl.summary(n, record.prefill_ms, record.engine_itl_ms, n / (record.e2e_ms / 1000))
-        model = record.step_ms[1:]  # token k's step_ms: its forward and sampling; token 0 came from prefill
-        outside = [gap - step for gap, step in zip(record.engine_itl_ms, model)]
-        summary["model_step_ms_median"] = _round(percentile(model, 50))
-        summary["outside_model_ms_median"] = _round(percentile(outside, 50))
-        return summary
-
-    def compare(
-        self, prompt: Prompt, output: int, rep: int, order: list[str], record: RequestRecord, results: dict[str, Any]
-    ) -> dict:
-        engine = self.engine_summary(record)
-        bare, gen = results.get("bare_loop"), results.get("generate_streamer")
-        runs = {
-            "engine": engine,
-            "bare_loop": bare.summary() if bare else None,
-            "generate_streamer": gen.summary() if gen else None,
-        }
-        identical = None
-        if engine and bare:
-            identical = record.token_ids == bare.token_ids and (gen is None or gen.token_ids == bare.token_ids)
-        ratios = {
-            "engine_step_over_bare": _ratio(engine, runs["bare_loop"], "step_ms_median"),
-            "engine_step_over_bare_p10": _ratio(engine, runs["bare_loop"], "step_ms_p10"),
-            "engine_tps_over_generate": _ratio(engine, runs["generate_streamer"], "tokens_per_s"),
-            "bare_tps_over_generate": _ratio(runs["bare_loop"], runs["generate_streamer"], "tokens_per_s"),
-            "engine_outside_over_model": _ratio(engine, engine, "outside_model_ms_median", "model_step_ms_median"),
-        }
-        est = None
-        if engine:
-            est = bl.estimates(
-                self.shape,
-                prompt.tokens,
-                engine["prefill_ms"],
-                engine["step_ms_median"],
-                prompt.tokens + engine["tokens"] / 2,
-            )
-        return {
-            "prompt_tokens": prompt.tokens,
-            "output_tokens_target": output,
-            "repeat": rep,
-            "order": order,
-            **runs,
-            "generate_streamer_skipped": self.generate_skip,
-            "greedy_identical": identical,
-            "estimates": est,
-            "ratios": ratios,
-        }
-
-    def apply_ceilings(self, cells: list[dict], comparisons: list[dict]) -> None:
-        """Turn the estimates into fractions of the final (best) ceilings, once they are known."""
-        for cell in cells:
-            cell["estimates"] = bl.fractions(cell["estimates"], self.ceilings)
-        for c in comparisons:
-            if c["estimates"]:
-                c["estimates"] = bl.fractions(c["estimates"], self.ceilings)
-                c["ratios"]["decode_fraction_of_copy"] = c["estimates"]["decode_fraction_of_copy"]
-                c["ratios"]["prefill_fraction_of_matmul"] = c["estimates"]["prefill_fraction_of_matmul"]
-
-    def cell(
-        self, prompt: Prompt, output: int, clients: int, repeats: int, records: list[RequestRecord], walls: list[float]
-    ) -> dict:
-        ok = [r for r in records if r.outcome == "completed"]
-        pooled = latency_samples(ok)
-        tokens = [len(r.token_ids) for r in ok]
-        engine_steps = [x for r in ok for x in r.engine_itl_ms]
-        prefill = [r.prefill_ms for r in ok if r.prefill_ms is not None]
-        mean_out = sum(tokens) / len(tokens) if tokens else 0
-        return {
-            "prompt_tokens_target": prompt.target,
-            "prompt_tokens": prompt.tokens,
-            "output_tokens_target": output,
-            "concurrency": clients,
-            "repeats": repeats,
-            "totals": totals(records),
-            "metrics": {m: describe(pooled[m]) for m in METRICS},
-            "output_tokens": describe(tokens),
-            "throughput_tokens_per_s": round(sum(tokens) / sum(walls), 3) if sum(walls) > 0 and tokens else None,
-            "delivery_ms": describe([x for r in ok for x in r.delivery_ms]),
-            "delivery_lower_ms": describe([x for r in ok for x in r.delivery_lower_ms]),
-            "engine_step_ms": describe(engine_steps),
-            "estimates": bl.estimates(
-                self.shape,
-                prompt.tokens,
-                percentile(prefill, 50),
-                percentile(engine_steps, 50),
-                prompt.tokens + mean_out / 2,
-            ),
-            "requests": [r.to_dict() for r in records],
-        }
-
-    def cache_off_probe(self, prompt: Prompt, progress: Progress) -> tuple[dict, list[RequestRecord]]:
-        """The same request with and without the KV cache: the engine's model time per step, by step."""
-        n = min(CACHE_OFF_TOKENS[self.args.quick], self.facts.context_window - prompt.tokens)
-        runs, records = {}, []
-        for kv in (True, False):
-            progress.step(
-                f"prompt {prompt.tokens} out {n}: kv_cache={str(kv).lower()}", work(prompt.tokens, n) * (1 if kv else 5)
-            )
-            recs, _ = run_jobs(self.target.client, [Job(self.payload(prompt, n, kv_cache=kv))], f"cache-{kv}".lower())
-            records += recs
-            steps = recs[0].step_ms[1:]  # index 0 came from the prefill
-            runs["with_cache" if kv else "without_cache"] = {
-                "outcome": recs[0].outcome,
-                "tokens": len(recs[0].token_ids),
-                "step_ms": [round(s, 3) for s in steps],
-                "first_step_ms": round(steps[0], 3) if steps else None,
-                "last_step_ms": round(steps[-1], 3) if steps else None,
-                "growth": round(steps[-1] / steps[0], 3) if len(steps) > 1 and steps[0] > 0 else None,
-            }
-        return {"prompt_tokens": prompt.tokens, **runs, **cache_off_agreement(*records)}, records
+        if self.enabled and self.tty:
+            self.stream.write("\r" + " " * 110 + "\r")
+            self.stream.flush()
 
 
-def _ratio(a: dict | None, b: dict | None, key: str, b_key: str | None = None) -> float | None:
-    b_key = b_key or key
-    if not a or not b or a.get(key) is None or not b.get(b_key):
-        return None
-    return round(a[key] / b[b_key], 4)
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
-def cache_off_agreement(cached: RequestRecord, uncached: RequestRecord) -> dict:
-    """Whether the answers with and without the cache are the same tokens, and if not, where they part and the
-    cached run's top-two gap there. Without the cache every step is a forward over the whole sequence, which
-    sums in another order than a one-token step (on int4/int8 it is a prompt-sized step, on the kept float32
-    weights): the two can part only where the top two are within that rounding (a near-tie), so the gap
-    says whether a difference is rounding or a bug."""
-    if not cached.outcome == uncached.outcome == "completed":
-        return {"greedy_identical": None, "first_difference": None, "top_two_gap_there": None}
-    first = first_difference(cached.token_ids, uncached.token_ids)
-    gaps = cached.top_two_gaps
-    return {
-        "greedy_identical": first is None,
-        "first_difference": first,
-        "top_two_gap_there": None
-        if first is None or first >= len(gaps) or gaps[first] is None
-        else round(gaps[first], 4),
-    }
+def work(prompt: int, output: int) -> float:
+    """Relative cost of one generation, for the ETA: on 2 CPU cores a prefill token cost about a
+    fifteenth of a decode step."""
+    return prompt / 15 + output

@@ -1,51 +1,301 @@
-"""How a bench run is shown: the readable tables (definitions first, then every cell's
-distributions and counts, the baselines, the ratios against their targets, the estimates), the
-JSON file (checked against stats.SCHEMA before it is written) and the optional plot."""
+"""The reporting floor every benchmark's output passes through: the metric definitions printed with every
+table, distributions (model_runner.metrics.percentile, the one definition), every request counted by
+outcome, ratios judged against their targets (met or missed, never asserted), greedy answers compared
+token for token, the JSON contract's pieces with a hand-written checker for a small subset of JSON Schema
+(type, properties, additionalProperties, required, items, enum, minimum), the file written only when it
+passes, and the lines every printed report shares."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, Callable, TextIO
 
+from model_runner.fields import is_int, is_number
 from model_runner.metrics import percentile
 
-from .stats import DEFINITIONS, METRICS, SCHEMA, validate
+from .clients import RequestRecord
 
-LABELS = {
-    "queue_ms": "queue",
-    "ttft_ms": "TTFT",
-    "tpot_ms": "TPOT",
-    "itl_ms": "ITL",
-    "e2e_ms": "E2E",
-    "delivery_ms": "delivery",
-    "delivery_lower_ms": "deliv-lo",
+# vLLM `bench serve` definitions, measured at the client (the thread or socket that reads events).
+DEFINITIONS = {
+    "queue_ms": "submit -> prefill start, as the engine stamps them (time spent waiting for the model)",
+    "ttft_ms": "time to first token: request sent -> first token event received",
+    "tpot_ms": "time per output token: (E2E - TTFT) / (output tokens - 1), per request",
+    "itl_ms": "inter-token latency: every gap between consecutive token events received, pooled over requests",
+    "e2e_ms": "end-to-end latency: request sent -> its terminal event received",
+    "delivery_ms": "token event stamped by the engine -> received by the client (over a WebSocket an upper "
+    "bound: it also holds the generate frame's trip to the server)",
+    "delivery_lower_ms": "over a WebSocket, a lower bound: delivery less the `accepted` event's own lag "
+    "(in-process the same as delivery, which is exact there)",
 }
-PLOT_MISSING = (
-    "--plot needs matplotlib, an optional extra: pip install 'kvscope[plot]' (or pip install matplotlib); "
-    "the table and the JSON are complete without it"
-)
+METRICS = ("queue_ms", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-def finish(report: dict, args: argparse.Namespace, started_at: datetime, out: TextIO | None = None) -> int:
-    """Print, write, plot. Exit code 1 when a request ended in an error (the numbers are still written)."""
-    out = out or sys.stdout
-    print_report(report, out)
-    path = write_json(report, args.json, started_at)
-    print(f"\nwrote {path}", file=out)
-    if args.plot:
-        problem = plot(report, args.plot)
-        print(f"kvscope bench: {problem}" if problem else f"wrote {args.plot}", file=sys.stderr if problem else out)
-    return 1 if report["totals"]["errors"] else 0
+def describe(values: list[float]) -> dict[str, Any]:
+    """n, mean, p50, p90, p95, p99, min and max (None when there are no values), rounded to 0.001."""
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    return {
+        "n": len(values),
+        "mean": r(sum(values) / len(values)) if values else None,
+        "p50": r(percentile(values, 50)),
+        "p90": r(percentile(values, 90)),
+        "p95": r(percentile(values, 95)),
+        "p99": r(percentile(values, 99)),
+        "min": r(min(values)) if values else None,
+        "max": r(max(values)) if values else None,
+    }
 
 
-def write_json(
-    report: dict, path: str | None, started_at: datetime, schema: dict = SCHEMA, name: str = "bench"
-) -> Path:
-    problems = validate(report, schema)
+def spread(values: list[float]) -> dict[str, Any]:
+    """A ratio over repetitions: its median with min and max, as printed `1.02x [0.99-1.05]`."""
+    return {
+        "n": len(values),
+        "median": round(percentile(values, 50), 4) if values else None,
+        "min": round(min(values), 4) if values else None,
+        "max": round(max(values), 4) if values else None,
+    }
+
+
+def latency_samples(records: list) -> dict[str, list[float]]:
+    """Every request's queue, TTFT, TPOT and E2E, and every inter-token gap, pooled over `records`
+    (the ones a request did not produce are left out)."""
+    return {
+        "queue_ms": [r.queue_ms for r in records if r.queue_ms is not None],
+        "ttft_ms": [r.ttft_ms for r in records if r.ttft_ms is not None],
+        "tpot_ms": [r.tpot_ms for r in records if r.tpot_ms is not None],
+        "itl_ms": [x for r in records for x in r.itl_ms],
+        "e2e_ms": [r.e2e_ms for r in records if r.e2e_ms is not None],
+    }
+
+
+# ---- counted and judged -------------------------------------------------------------------------
+
+
+def totals(records: list[RequestRecord]) -> dict[str, Any]:
+    """Every request counted by outcome; `reasons` counts finish reasons, cancel causes and error codes."""
+    outcomes = [r.outcome for r in records]
+    reasons: dict[str, int] = {}
+    for r in records:
+        key = f"{r.outcome}:{r.reason}"
+        reasons[key] = reasons.get(key, 0) + 1
+    return {
+        "requests": len(records),
+        "completed": outcomes.count("completed"),
+        "timeouts": outcomes.count("timeout"),
+        "cancelled": outcomes.count("cancelled"),
+        "errors": outcomes.count("error"),
+        "reasons": reasons,
+    }
+
+
+def judged(
+    text: str, values: dict, value: float | None, goal: tuple[str, float] | None, lower: float | None = None
+) -> dict:
+    """A ratio beside its goal ("max" or "min", target). With bounds (delivery over a socket) it is
+    met when the upper bound meets the target, missed when even the lower bound misses it, and
+    undecided between."""
+    direction, target = goal or (None, None)
+    lower = value if lower is None else lower
+    met = None
+    if target is not None and value is not None:
+        meets = (lambda x: x <= target) if direction == "max" else (lambda x: x >= target)
+        met = True if meets(value) else False if not meets(lower) else None
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
+    return {
+        "what": text,
+        "target": target,
+        "direction": direction,
+        "value": r(value),
+        "value_lower": r(lower),
+        "spread": values,
+        "met": met,
+    }
+
+
+def run_summary(records: list[RequestRecord], wall: float, counters: dict) -> dict:
+    """One run of a set of requests: tokens/s = output tokens of the completed ones / (first send ->
+    last terminal event), with the engine's own counters over the run."""
+    ok = [r for r in records if r.outcome == "completed"]
+    tokens = sum(len(r.token_ids) for r in ok)
+    return {
+        "requests": len(records),
+        "completed": len(ok),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 3) if wall > 0 and tokens else None,
+        **counters,
+        "totals": totals(records),
+    }
+
+
+def outputs(records: list[RequestRecord]) -> list[list[int] | None]:
+    return [r.token_ids if r.outcome == "completed" else None for r in records]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first token index where two answers differ (a length difference counts), None when equal."""
+    index = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if index == len(a) == len(b) else index
+
+
+def greedy_equality(got: list[list[int] | None], reference: list[list[int] | None]) -> dict:
+    """Request by request: how many of the pairs that both completed are token-for-token identical,
+    and where the others first differ (token index)."""
+    identical, compared, diffs = 0, 0, []
+    for i, (a, b) in enumerate(zip(got, reference)):
+        if a is None or b is None:
+            continue
+        compared += 1
+        first = first_difference(a, b)
+        if first is None:
+            identical += 1
+        else:
+            diffs.append({"request": i, "token": first})
+    return {"identical": identical, "compared": compared, "first_diff": diffs}
+
+
+def agreement(got: list[list[int] | None], reference: list[list[int] | None]) -> dict:
+    """greedy_equality plus the share of answers identical and the share of reference tokens matched
+    before each answer's first difference."""
+    eq = greedy_equality(got, reference)
+    pairs = [(a, b) for a, b in zip(got, reference) if a is not None and b is not None]
+    same = sum(min(len(a), len(b)) if (first := first_difference(a, b)) is None else first for a, b in pairs)
+    total = sum(len(b) for _, b in pairs)
+    return {
+        **eq,
+        "identical_share": round(eq["identical"] / eq["compared"], 4) if eq["compared"] else None,
+        "tokens_before_divergence_share": round(same / total, 4) if total else None,
+    }
+
+
+# ---- the output's contract ----------------------------------------------------------------------
+
+NUM = {"type": "number"}
+OPT_NUM = {"type": ["number", "null"]}
+INT = {"type": "integer", "minimum": 0}
+STR = {"type": "string"}
+OPT_STR = {"type": ["string", "null"]}
+DIST = {
+    "type": "object",
+    "required": ["n", "mean", "p50", "p90", "p95", "p99", "min", "max"],
+    "properties": {"n": INT, **{k: OPT_NUM for k in ("mean", "p50", "p90", "p95", "p99", "min", "max")}},
+}
+SPREAD = {
+    "type": "object",
+    "required": ["n", "median", "min", "max"],
+    "properties": {"n": INT, "median": OPT_NUM, "min": OPT_NUM, "max": OPT_NUM},
+}
+TOTALS = {
+    "type": "object",
+    "required": ["requests", "completed", "timeouts", "cancelled", "errors", "reasons"],
+    "properties": {
+        "requests": INT,
+        "completed": INT,
+        "timeouts": INT,
+        "cancelled": INT,
+        "errors": INT,
+        "reasons": {"type": "object"},
+    },
+}
+REQUEST = {
+    "type": "object",
+    "required": ["request_id", "outcome", "reason", "prompt_tokens", "output_tokens", "ttft_ms", "e2e_ms", "itl_ms"],
+    "properties": {
+        "request_id": STR,
+        "outcome": {"enum": ["completed", "timeout", "cancelled", "error"]},
+        "reason": OPT_STR,
+        "prompt_tokens": {"type": ["integer", "null"]},
+        "output_tokens": INT,
+        "ttft_ms": OPT_NUM,
+        "e2e_ms": OPT_NUM,
+        "itl_ms": {"type": "array", "items": NUM},
+    },
+}
+RATIO = {
+    "type": "object",
+    "required": ["what", "target", "direction", "value", "value_lower", "spread", "met"],
+    "properties": {
+        "what": STR,
+        "target": OPT_NUM,
+        "direction": {"enum": ["max", "min", None]},
+        "value": OPT_NUM,
+        "value_lower": OPT_NUM,
+        "spread": SPREAD,
+        "met": {"type": ["boolean", "null"]},
+    },
+}
+
+
+def report_schema(kind: str, modes: list[str], model: list[str], settings: list[str], **parts: dict) -> dict:
+    """A benchmark report's contract: the header every report has (what ran, when, with which command, on
+    which machine and model, with which settings), the benchmark's own `parts`, then the judged ratios,
+    every request counted and the notes."""
+    properties = {
+        "kind": {"enum": [kind]},
+        "version": {"enum": [1]},
+        "mode": {"enum": modes},
+        "started_at": STR,
+        "duration_s": NUM,
+        "command": STR,
+        "machine": {"type": "object"},
+        "model": {"type": "object", "required": model},
+        "settings": {"type": "object", "required": settings},
+        **parts,
+        "ratios": {"type": "object", "additionalProperties": RATIO},
+        "totals": TOTALS,
+        "notes": {"type": "array", "items": STR},
+    }
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return is_int(value)
+    if kind == "number":
+        return is_number(value)
+    return isinstance(value, _TYPES[kind])
+
+
+def validate(value: Any, schema: dict, path: str = "$") -> list[str]:
+    """Every way `value` breaks `schema`, as 'path: problem' lines (empty when it conforms)."""
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not any(_is(value, k) for k in kinds):
+            return [f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{path}: {value!r} is not one of {schema['enum']}"]
+    problems: list[str] = []
+    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
+        problems.append(f"{path}: {value} < minimum {schema['minimum']}")
+    if isinstance(value, dict):
+        problems += [f"{path}: missing {key!r}" for key in schema.get("required", []) if key not in value]
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                problems += validate(value[key], sub, f"{path}.{key}")
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value.keys() - schema.get("properties", {}).keys():
+                problems += validate(value[key], extra, f"{path}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            problems += validate(item, schema["items"], f"{path}[{i}]")
+    return problems
+
+
+def write_json(report: dict, path: str | None, started_at: datetime, schema: dict | None, name: str) -> Path:
+    """The report as `path` (default NAME-YYYYMMDD-HHMMSS.json), checked against `schema` first."""
+    problems = validate(report, schema) if schema else []
     if problems:  # a bug in the bench, not in the engine: say so rather than write a broken file
         raise RuntimeError("bench output does not match its schema:\n  " + "\n  ".join(problems[:20]))
     target = Path(path or f"{name}-{started_at.strftime('%Y%m%d-%H%M%S')}.json")
@@ -54,7 +304,22 @@ def write_json(
     return target
 
 
-# ---- the table ---------------------------------------------------------------------------------
+def finish(
+    report: dict,
+    json_path: str | None,
+    started_at: datetime,
+    show: Callable[[dict, TextIO], None],
+    out: TextIO,
+    schema: dict | None = None,
+    name: str = "bench",
+) -> int:
+    """Print (`show`), then write. Exit code 1 when a request ended in an error (the numbers are still written)."""
+    show(report, out)
+    print(f"\nwrote {write_json(report, json_path, started_at, schema, name)}", file=out)
+    return 1 if (report.get("totals") or {}).get("errors") else 0
+
+
+# ---- the printed lines every report shares -------------------------------------------------------
 
 
 def fmt_num(x: float | None, digits: int = 1) -> str:
@@ -69,250 +334,35 @@ def fmt_ratio(spread: dict, digits: int = 2) -> str:
     return f"{spread['median']:.{digits}f}x [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
 
 
-def print_report(report: dict, out: TextIO) -> None:
-    m, machine, ceil = report["model"], report["machine"], report["ceilings"]
-    where = "in-process engine" if report["mode"] == "in-process" else f"over the WebSocket {report['url']}"
-    load = machine.get("load_average_start")
+def print_head(title: str, report: dict, out: TextIO) -> None:
+    """A report's first lines: what ran (`title`), the machine and its load at the start and the end, the command."""
+    machine = report["machine"]
+    start, end = machine.get("load_average_start"), machine.get("load_average_end")
+    load = f"; load average {start[0]:.2f} at the start, {end[0]:.2f} at the end" if start and end else ""
+    print(title, file=out)
     print(
-        f"\nkvscope bench: {m['name']}, {m['params'] / 1e6:.1f}M parameters, {m['dtype']} on {m['device_name']}; "
-        f"{where}",
-        file=out,
-    )
-    print(
-        f"machine: {machine['platform']}, {machine['cpu_count']} CPUs"
-        + (f", load average {load[0]:.2f} at the start" if load else "")
-        + f"; measured ceilings: copy {ceil['copy_gb_per_s']:.1f} GB/s (read+write), "
-        f"matmul {ceil['matmul_gflop_per_s']:.1f} GFLOP/s"
-        + (f" ({ceil['matmul']['what']})" if "matmul" in ceil else ""),  # the kernel the layers run
+        f"machine: {machine['platform']}, {machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads{load}",
         file=out,
     )
     print(f"command: {report['command']}", file=out)
-    print("\nDefinitions (as vLLM's `bench serve`; milliseconds, measured where the client reads events):", file=out)
-    delivery = ("delivery_ms", "delivery_lower_ms") if report["mode"] == "websocket" else ("delivery_ms",)
-    for key in (*METRICS, *delivery):
-        print(f"  {LABELS[key]:8} {DEFINITIONS[key]}", file=out)
-    _cells(report["cells"], delivery, out)
-    if report["comparisons"]:
-        _baselines(report["comparisons"], out)
-    _ratios(report["ratios"], out)
-    _estimates(report["cells"], out)
-    if report["kv_cache_off"]:
-        _cache_off(report["kv_cache_off"], out)
+
+
+def goal_text(ratio: dict) -> str:
+    """A judged ratio's target as `<= 1.03` or `>= 2.5`; empty when it has none."""
+    return "" if ratio["target"] is None else f"{'<=' if ratio['direction'] == 'max' else '>='} {ratio['target']:g}"
+
+
+def verdict_text(ratio: dict, undecided: str = "") -> str:
+    return {True: "met", False: "MISSED", None: undecided}[ratio["met"]]
+
+
+def print_footer(report: dict, out: TextIO, noun: str = "requests", reasons: bool = False) -> None:
+    """Every request counted by outcome (with the reasons of those that did not complete), then the notes."""
     t = report["totals"]
-    print(
-        f"\nTotals: {t['requests']} requests: {t['completed']} completed, {t['timeouts']} timeouts, "
-        f"{t['cancelled']} cancelled, {t['errors']} errors"
-        + (
-            f" ({', '.join(f'{k} x{v}' for k, v in sorted(t['reasons'].items()) if not k.startswith('completed'))})"
-            if t["requests"] > t["completed"]
-            else ""
-        ),
-        file=out,
-    )
+    line = f"\nTotals: {t['requests']} {noun}: {t['completed']} completed, {t['timeouts']} timeouts, "
+    line += f"{t['cancelled']} cancelled, {t['errors']} errors"
+    if reasons and t["requests"] > t["completed"]:
+        line += f" ({', '.join(f'{k} x{v}' for k, v in sorted(t['reasons'].items()) if not k.startswith('completed'))})"
+    print(line, file=out)
     for note in report["notes"]:
         print(f"note: {note}", file=out)
-
-
-def _cells(cells: list[dict], delivery: tuple[str, ...], out: TextIO) -> None:
-    print(
-        "\nPer cell: distributions over completed requests (ITL pooled over their tokens); every request counted",
-        file=out,
-    )
-    for c in cells:
-        t = c["totals"]
-        print(
-            f"\nprompt {c['prompt_tokens']} tokens x up to {c['output_tokens_target']} out x {c['concurrency']} "
-            f"client(s), {c['repeats']} repeat(s): {t['requests']} requests = {t['completed']} completed + "
-            f"{t['timeouts']} timeouts + {t['cancelled']} cancelled + {t['errors']} errors; "
-            f"{fmt_num(c['output_tokens']['mean'])} tokens out on average, {fmt_num(c['throughput_tokens_per_s'])} tokens/s",
-            file=out,
-        )
-        print(f"  {'metric':8} {'n':>5} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}", file=out)
-        for key in METRICS:
-            d = c["metrics"][key]
-            print(
-                f"  {LABELS[key]:8} {d['n']:>5} {fmt_num(d['mean']):>9} {fmt_num(d['p50']):>9} {fmt_num(d['p90']):>9} "
-                f"{fmt_num(d['p99']):>9}",
-                file=out,
-            )
-        for key in delivery:
-            d = c[key]
-            print(
-                f"  {LABELS[key]:8} {d['n']:>5} {fmt_num(d['mean'], 2):>9} {fmt_num(d['p50'], 2):>9} {fmt_num(d['p90'], 2):>9} "
-                f"{fmt_num(d['p99'], 2):>9}",
-                file=out,
-            )
-
-
-def _group(comparisons: list[dict]) -> dict[tuple[int, int], list[dict]]:
-    groups: dict[tuple[int, int], list[dict]] = {}
-    for c in comparisons:
-        groups.setdefault((c["prompt_tokens"], c["output_tokens_target"]), []).append(c)
-    return groups
-
-
-def _median(rows: list[dict], runner: str, key: str) -> float | None:
-    return percentile([r[runner][key] for r in rows if r[runner] and r[runner][key] is not None], 50)
-
-
-def _spread(rows: list[dict], key: str) -> dict:
-    values = [r["ratios"][key] for r in rows if r["ratios"].get(key) is not None]
-    return {"median": percentile(values, 50), "min": min(values, default=None), "max": max(values, default=None)}
-
-
-def _baselines(comparisons: list[dict], out: TextIO) -> None:
-    print(
-        "\nBaselines: same model object, prompt and machine, interleaved in each repeat "
-        "(medians over repeats; ratios median [min-max])",
-        file=out,
-    )
-    print(
-        f"  {'prompt':>6} {'out':>5} {'reps':>4} | {'step ms: engine':>15} {'bare':>7} {'generate':>8} "
-        f"{'engine/bare':>20} | {'tok/s: engine':>13} {'bare':>6} {'generate':>8} {'engine/generate':>20} | greedy",
-        file=out,
-    )
-    for (p, o), rows in _group(comparisons).items():
-        identical = {r["greedy_identical"] for r in rows}
-        same = "identical" if identical == {True} else "DIFFERENT" if False in identical else "-"
-        print(
-            f"  {p:>6} {o:>5} {len(rows):>4} | {fmt_num(_median(rows, 'engine', 'step_ms_median')):>15} "
-            f"{fmt_num(_median(rows, 'bare_loop', 'step_ms_median')):>7} "
-            f"{fmt_num(_median(rows, 'generate_streamer', 'step_ms_median')):>8} "
-            f"{fmt_ratio(_spread(rows, 'engine_step_over_bare'), 3):>20} | "
-            f"{fmt_num(_median(rows, 'engine', 'tokens_per_s')):>13} {fmt_num(_median(rows, 'bare_loop', 'tokens_per_s')):>6} "
-            f"{fmt_num(_median(rows, 'generate_streamer', 'tokens_per_s')):>8} "
-            f"{fmt_ratio(_spread(rows, 'engine_tps_over_generate')):>20} | {same}",
-            file=out,
-        )
-
-
-def _ratios(ratios: dict, out: TextIO) -> None:
-    print("\nRatios over every repeat: median [min-max], against the targets (benchmarks, not tests)", file=out)
-    for key, r in ratios.items():
-        s = r["spread"]
-        if key == "delivery_p95_ms":
-            bounds = f"{r['value_lower']:.2f}-" if r["value_lower"] != r["value"] else ""
-            shown = "-" if r["value"] is None else f"{bounds}{r['value']:.2f} ms"
-        else:
-            shown = fmt_ratio(s, 3)
-        goal = "" if r["target"] is None else f"{'<=' if r['direction'] == 'max' else '>='} {r['target']:g}"
-        undecided = "undecided" if r["target"] is not None and r["value"] is not None else ""
-        verdict = {True: "met", False: "MISSED", None: undecided}[r["met"]]
-        print(f"  {r['what']:<92} {shown:>26} {goal:>8} {verdict}", file=out)
-
-
-def _estimates(cells: list[dict], out: TextIO) -> None:
-    print(
-        "\nEstimates (computed from measured medians and the model's shape): prefill FLOP/s = "
-        "(2 x non-embedding params x T + attention) / prefill time; decode bandwidth = "
-        "(weights + KV cache bytes at mid-answer) / engine step",
-        file=out,
-    )
-    print(
-        f"  {'prompt':>6} {'out':>5} {'conc':>4} | {'GFLOP/s':>8} {'of matmul':>9} | {'GB/s':>6} {'of copy':>8}",
-        file=out,
-    )
-    for c in cells:
-        e = c["estimates"]
-        print(
-            f"  {c['prompt_tokens']:>6} {c['output_tokens_target']:>5} {c['concurrency']:>4} | "
-            f"{fmt_num(e['prefill_gflop_per_s']):>8} {_pct(e['prefill_fraction_of_matmul']):>9} | "
-            f"{fmt_num(e['decode_gb_per_s'], 2):>6} {_pct(e['decode_fraction_of_copy']):>8}",
-            file=out,
-        )
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def _cache_off(probe: dict, out: TextIO) -> None:
-    print(
-        f"\nKV cache off: the same {probe['prompt_tokens']}-token prompt, the engine's model time per decode step",
-        file=out,
-    )
-    for key, label in (("with_cache", "with the cache"), ("without_cache", "without it")):
-        r = probe[key]
-        print(
-            f"  {label:15} step 1: {fmt_num(r['first_step_ms'])} ms -> step {len(r['step_ms'])}: "
-            f"{fmt_num(r['last_step_ms'])} ms (x{fmt_num(r['growth'], 2)}), {r['outcome']}",
-            file=out,
-        )
-    on, off = probe["with_cache"]["last_step_ms"], probe["without_cache"]["last_step_ms"]
-    if on and off:
-        print(
-            f"  at the last step, without the cache each token costs {off / on:.1f}x as much: every step "
-            "recomputes the whole sequence, a prefill per token",
-            file=out,
-        )
-    print(f"  greedy output with and without the cache: {_cache_off_verdict(probe)}", file=out)
-
-
-def _cache_off_verdict(probe: dict) -> str:
-    if probe["greedy_identical"] is None:
-        return "- (a run did not complete)"
-    if probe["greedy_identical"]:
-        return "identical"
-    gap = probe.get("top_two_gap_there")
-    where = f"parted at token {probe.get('first_difference')}"
-    if gap is None:
-        return f"{where} (no top-two gap was sent there)"
-    return (
-        f"{where}, where the top two were {gap:.3g} logits apart (each step without the cache is a whole-sequence "
-        "forward, other sums, so only a near-tie may part: docs/reliability.md)"
-    )
-
-
-# ---- the plot ----------------------------------------------------------------------------------
-
-
-def plot(report: dict, path: str) -> str | None:
-    """TTFT p50 (bars to p90) against prompt length, one line per output length and concurrency;
-    and the pooled ITL distribution of each cell. Returns a message when it cannot draw."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return PLOT_MISSING
-    cells = report["cells"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    series: dict[tuple[int, int], list[dict]] = {}
-    for c in cells:
-        series.setdefault((c["output_tokens_target"], c["concurrency"]), []).append(c)
-    for (o, conc), rows in sorted(series.items()):
-        rows = [r for r in sorted(rows, key=lambda r: r["prompt_tokens"]) if r["metrics"]["ttft_ms"]["p50"] is not None]
-        if not rows:
-            continue
-        x = [r["prompt_tokens"] for r in rows]
-        p50 = [r["metrics"]["ttft_ms"]["p50"] for r in rows]
-        up = [r["metrics"]["ttft_ms"]["p90"] - r["metrics"]["ttft_ms"]["p50"] for r in rows]
-        left.errorbar(x, p50, yerr=[[0] * len(x), up], marker="o", capsize=3, label=f"out {o}, {conc} client(s)")
-    lengths = sorted({c["prompt_tokens"] for c in cells})
-    left.set(
-        xscale="log",
-        xlabel="prompt tokens (log scale)",
-        ylabel="TTFT ms (p50, bar to p90)",
-        title="Time to first token",
-    )
-    left.set_xticks(lengths, [str(n) for n in lengths])
-    left.minorticks_off()
-    left.legend(fontsize=8)
-    with_itl = [c for c in cells if c["requests"] and any(r["itl_ms"] for r in c["requests"])]
-    data = [[x for r in c["requests"] if r["outcome"] == "completed" for x in r["itl_ms"]] for c in with_itl]
-    keep = [(c, d) for c, d in zip(with_itl, data) if d]
-    if keep:
-        right.boxplot([d for _, d in keep], whis=(1, 99), showfliers=False)
-        right.set_xticks(
-            range(1, len(keep) + 1),
-            [f"p{c['prompt_tokens']}\no{c['output_tokens_target']}\nx{c['concurrency']}" for c, _ in keep],
-            fontsize=7,
-        )
-    right.set(ylabel="ITL ms (box p25-p75, whiskers p1-p99)", title="Inter-token latency per cell")
-    m = report["model"]
-    fig.suptitle(f"kvscope bench (measured): {m['name']}, {m['dtype']} on {m['device_name']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None

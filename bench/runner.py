@@ -1,6 +1,6 @@
-"""`kvscope bench`, a serving benchmark of the engine (in-process or over the real WebSocket) with
-baselines interleaved on the same model: the command line, and the run in order (open the target,
-fit prompts, measure, assemble the report that report.py prints and writes as JSON passing stats.SCHEMA)."""
+"""`kvscope bench`'s command line, and the run of its default benchmark, the grid (grid.py): open the target,
+fit prompts, measure, assemble the report that grid_report.py prints and writes as JSON passing grid.SCHEMA;
+`--dtypes`/`--anchor`, `--batch-invariant`, and `--batching`/`--class` hand the run to their own modules."""
 
 from __future__ import annotations
 
@@ -13,33 +13,12 @@ from model_runner.errors import UserError
 from model_runner.local.config import DECODERS
 from model_runner.request import LIMITS
 
-from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Grid, cells_of
-from .machine import load_average, machine_info
-from .measure import Bench
-from .progress import Progress, work
-from .prompts import INSTRUCTION, Prompt, fit_prompt
-from .ratios import ratio_report, totals
-from .report import finish
-from .stats import DEFINITIONS
-from .target import Target, open_target
+from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Bench, Grid, cells_of
+from .grid_report import finish, ratio_report
+from .measure import Progress, Prompt, fit_prompt, load_average, machine_info, open_target, work
+from .report import DEFINITIONS, totals
 
-# The names callers and tests import from bench.runner, which was once the whole benchmark.
-__all__ = [
-    "FULL",
-    "QUICK",
-    "INSTRUCTION",
-    "Bench",
-    "Grid",
-    "Target",
-    "add_parser",
-    "cells_of",
-    "fit_prompt",
-    "grid_from",
-    "measure_grid",
-    "ratio_report",
-    "run_bench",
-    "totals",
-]
+DTYPE_HELP = "auto, float32, bfloat16, float16, int4 or int8 (see kvscope serve)"
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -68,8 +47,8 @@ def add_parser(subparsers) -> None:
         help="'default' (bundled SmolLM2-135M-Instruct), 'fake', or a "
         "transformers folder / cached hub id; with --via-websocket, the model the server runs",
     )
-    b.add_argument("--device", default="auto", help="auto, cuda, mps or cpu")
-    b.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16, int4 or int8 (see kvscope serve)")
+    for flag, choices in (("--device", "auto, cuda, mps or cpu"), ("--dtype", DTYPE_HELP)):
+        b.add_argument(flag, default="auto", help=choices)
     b.add_argument(
         "--decoder",
         choices=DECODERS,

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from bench.clients import Job, WebSocketClient, run_jobs
-from bench.runner import totals
-from bench.stats import SCHEMA, validate
+from bench.grid import SCHEMA
+from bench.report import totals, validate
 from kvscope.cli import main
 
 

@@ -11,8 +11,10 @@ from numerics import decided_margin, route_tolerance
 
 from bench import runner as bench
 from bench.clients import InProcessClient
-from bench.report import print_report
-from bench.stats import SCHEMA, validate
+from bench.grid import SCHEMA, Bench
+from bench.grid_report import print_report
+from bench.measure import Target
+from bench.report import validate
 from kvscope.cli import build_parser
 
 
@@ -20,10 +22,10 @@ def test_small_bench_on_the_real_model(real_engine):
     args = build_parser().parse_args(
         ["bench", "--prompt-lens", "40", "--output-lens", "8", "--concurrency", "1", "--repeats", "2", "--no-progress"]
     )
-    target = bench.Target(
+    target = Target(
         "in-process", InProcessClient(real_engine), real_engine.loaded, real_engine.describe_prompt, lambda: None
     )
-    b = bench.Bench(args, target, bench.grid_from(args))
+    b = Bench(args, target, bench.grid_from(args))
     try:
         report = bench.measure_grid(b, datetime.now(timezone.utc), 0.0)
     finally:

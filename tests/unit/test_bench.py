@@ -12,11 +12,13 @@ import math
 
 import pytest
 
-from bench import report as bench_report
-from bench import runner as bench
+from bench import grid_report as bench_report
+from bench import runner
 from bench.clients import InProcessClient, Job, run_jobs
-from bench.runner import FULL, QUICK, Grid, cells_of, fit_prompt, ratio_report, totals
-from bench.stats import SCHEMA, describe, validate
+from bench.grid import FULL, QUICK, SCHEMA, Bench, Grid, cells_of
+from bench.grid_report import ratio_report
+from bench.measure import INSTRUCTION, Target, fit_prompt
+from bench.report import describe, totals, validate
 from formulas import cost
 from kvscope.cli import main
 from model_runner.loading import loader
@@ -95,7 +97,7 @@ def test_prompt_fits_its_token_target_deterministically(fake_engine, target):
 
 def test_prompt_below_the_template_is_the_shortest_one(fake_engine):
     prompt = fit_prompt(fake_engine.describe_prompt, 5)
-    assert prompt.messages[0]["content"] == bench.INSTRUCTION.split()[0] and prompt.tokens > 5
+    assert prompt.messages[0]["content"] == INSTRUCTION.split()[0] and prompt.tokens > 5
 
 
 # ---- failures, timeouts and cancellations are counted, never dropped -----------------------------
@@ -152,8 +154,8 @@ def _cell(engine, records, wall) -> dict:
     from kvscope.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--model", "fake"])
-    target = bench.Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
-    b = bench.Bench(args, target, Grid((40,), (8,), (5,), 1))
+    target = Target("in-process", InProcessClient(engine), engine.loaded, engine.describe_prompt, lambda: None)
+    b = Bench(args, target, Grid((40,), (8,), (5,), 1))
     try:
         return b.cell(fit_prompt(engine.describe_prompt, 40), 200, 5, 1, records, [wall])
     finally:
@@ -293,7 +295,7 @@ def bench_imports() -> dict[str, set[str]]:
     import ast
     from pathlib import Path
 
-    root = Path(bench.__file__).parent
+    root = Path(runner.__file__).parent
     graph = {}
     for path in root.glob("*.py"):
         names = set()
@@ -347,7 +349,7 @@ def test_the_cache_off_probe_says_where_the_answers_part_and_how_close_the_choic
     from types import SimpleNamespace
 
     from bench.clients import RequestRecord
-    from bench.measure import cache_off_agreement
+    from bench.grid import cache_off_agreement
 
     def record(ids, probs):
         r = RequestRecord("r")

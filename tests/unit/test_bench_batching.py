@@ -12,8 +12,7 @@ import pytest
 
 from bench import baselines, class_scenario
 from bench.batching_report import SCHEMA
-from bench.ratios import greedy_equality, run_summary
-from bench.stats import validate
+from bench.report import greedy_equality, run_summary, validate
 from kvscope.cli import main
 from model_runner.metrics import percentile
 
