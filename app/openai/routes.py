@@ -144,7 +144,7 @@ def model_view() -> ModelView:
     engine.describe_ready()
     facts, local = engine.facts, engine.local
     tokenizer = local.loaded.tokenizer if local is not None else None
-    return ModelView(facts.context_window, getattr(facts, "vocab_size", None), tokenizer)
+    return ModelView(facts.context_window, facts.vocab_size, tokenizer)
 
 
 def local_tokenizer(what: str):
