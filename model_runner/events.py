@@ -111,6 +111,9 @@ class Token(Event):
     kv_blocks: int = 0
     kv_bytes_reserved: int = 0
     batch_size: int = 1  # requests whose tokens shared this step's forward pass
+    # A constrained request's mask at this step (model_runner/shared/constraints.py): {allowed: vocabulary
+    # tokens the grammar allowed, first_allowed: whether the model's own first choice was one}; else None.
+    mask: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,11 +8,13 @@ system turn; a `tool` turn or an assistant's `tool_calls` only where the chat te
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from app.openai import request_fields as rf
+from app.openai import structured
 from app.openai.fanout import with_seed
 from app.openai.shapes import TokenNames, check_model, finish_reason, finished_events, logprob, sse, usage_of
 from app.openai.streaming import sse_choices
@@ -24,6 +26,7 @@ from model_runner.request import ROLES, GenerateParams, parse_generate
 ROLE_NAMES = {"developer": "system"}  # OpenAI's newer name for the system turn
 KNOWN_FIELDS = (
     *rf.SAMPLING_FIELDS,
+    *structured.FIELDS,
     "messages",
     "max_tokens",
     "max_completion_tokens",
@@ -161,6 +164,7 @@ def parse_chat(body: Any, ids: list[str], model: Any) -> ChatCall:
             "candidates": top or 0,
         }
         params = parse_generate(payload, rf.limits(model.context), roles=(*ROLES, "tool"))
+        params = dataclasses.replace(params, constraint=structured.checked(structured.constraint_of(body), model))
         forwardable(params, model.tokenizer is not None)
     except UserError as exc:
         raise rf.rename_field(exc, {"max_new_tokens": length_name}) from None

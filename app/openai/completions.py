@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from app.openai import request_fields as rf
+from app.openai import structured
 from app.openai.fanout import with_seed
 from app.openai.shapes import TokenNames, check_model, finish_reason, finished_events, logprob, usage_of
 from app.openai.streaming import sse_choices
@@ -24,7 +25,7 @@ from model_runner.request import GenerateParams, parse_generate
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint
 MAX_PROMPTS = rf.MAX_REQUESTS
-KNOWN_FIELDS = (*rf.SAMPLING_FIELDS, "prompt", "max_tokens", "logprobs", "echo", "best_of")
+KNOWN_FIELDS = (*rf.SAMPLING_FIELDS, *structured.FIELDS, "prompt", "max_tokens", "logprobs", "echo", "best_of")
 # parse_generate's field names for the one message → `prompt`, the field the client sent.
 PROMPT_FIELDS = {"messages": "prompt", "messages[0]": "prompt", "messages[0].content": "prompt", "prompt_ids": "prompt"}
 
@@ -141,6 +142,7 @@ def parse_completion(body: Any, ids: list[str], model: Any) -> CompletionCall:
         stream, include_usage, continuous = rf.stream_options(body)
         n, best_of = rf.choices_count(body, stream)
         sent = prompts(body.get("prompt"), model.tokenizer, model.vocab)
+        constraint = structured.checked(structured.constraint_of(body), model)
         if len(sent) * best_of > rf.MAX_REQUESTS:
             raise UserError(
                 f"{len(sent)} prompts × {best_of} choices = {len(sent) * best_of} requests; at most "
@@ -148,7 +150,7 @@ def parse_completion(body: Any, ids: list[str], model: Any) -> CompletionCall:
                 field="n" if best_of > 1 else "prompt",
             )
         params = [
-            with_seed(_params(body, prompt, model, top, echo, echo_only), choice)
+            with_seed(replace(_params(body, prompt, model, top, echo, echo_only), constraint=constraint), choice)
             for prompt in sent
             for choice in range(best_of)
         ]

@@ -57,10 +57,6 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "functions": (_empty, "empty: this server runs no functions"),
     "tool_choice": (_none_or("none", "auto"), '"none" or "auto": with no tools the answer is text either way'),
     "function_call": (_none_or("none", "auto"), '"none" or "auto": with no functions the answer is text'),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        '{"type": "text"}: this server does not constrain the answer to JSON',
-    ),
     "modalities": (lambda v: v is None or v == ["text"], '["text"]: the model answers in text only'),
     "audio": (_empty, "null: the model answers in text only"),
     "prediction": (_empty, "null: no predicted output is used"),

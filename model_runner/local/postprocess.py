@@ -18,6 +18,7 @@ from model_runner.loading.loader import LoadedModel
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.scheduler import Scheduler, StepPlan, Work
 from model_runner.metrics import request_metrics
+from model_runner.shared.constraints import Guide, compiled
 from model_runner.shared.sequence import Sequence, State
 from model_runner.text.detokenizer import IncrementalDetokenizer, display_text
 from model_runner.text.sampler import Choice, adjust, choose, make_generator
@@ -87,6 +88,8 @@ class Postprocess:
             context_window=facts.context_window,
         )
         seq.generator = make_generator(params.sampling, torch.device(facts.device))
+        if params.constraint is not None:  # compiled when the request was parsed: a cache hit here
+            seq.guide = Guide(compiled(params.constraint, self.loaded.tokenizer, facts.vocab_size), facts.vocab_size)
 
     def step(
         self,
@@ -132,6 +135,8 @@ class Postprocess:
         early = len(seq.output_ids) < params.min_new_tokens
         banned = tuple(self.loaded.tokenizer.eos_ids) if early else ()
         logits = adjust(logits.float().cpu(), params.sampling, seq.prompt_ids, seq.output_ids, banned)
+        if seq.guide is not None:  # the grammar's mask, before the choice: a forbidden token is never drawn
+            logits = seq.guide.apply(logits)
         choice = choose(logits, params.sampling, seq.generator)
         if len(choice.candidates) == params.candidates:
             return choice
@@ -184,6 +189,8 @@ class Postprocess:
         self, seq: Sequence, choice: Choice, now: float, step_ms: float, batch_size: int, attention: dict | None
     ) -> None:
         seq.output_ids.append(choice.token_id)
+        if seq.guide is not None:
+            seq.guide.accept(choice.token_id)
         if len(seq.output_ids) == seq.params.min_new_tokens:  # from here on, stop strings end the answer
             seq.stopper.stop = seq.params.stop
         seq.token_times.append(now)
@@ -220,6 +227,7 @@ class Postprocess:
                 kv_blocks=kv["kv_blocks"],
                 kv_bytes_reserved=kv["kv_bytes_reserved"],
                 batch_size=batch_size,
+                mask=seq.guide.last.to_dict() if seq.guide is not None else None,
             ),
         )
         if reason is not None:

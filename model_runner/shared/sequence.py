@@ -48,6 +48,7 @@ class Sequence:
     detok: IncrementalDetokenizer | None = None
     stopper: StopChecker | None = None
     generator: Any = None  # torch.Generator for seeded sampling
+    guide: Any = None  # a constrained request's grammar matcher and mask (model_runner/shared/constraints.py)
     # Clock stamps (time.monotonic) for the metrics.
     prefill_start: float | None = None
     token_times: list[float] = field(default_factory=list)
@@ -87,4 +88,5 @@ class Sequence:
     def release(self) -> None:
         """Drop the working state at the end (the engine has given its KV blocks back)."""
         self.generator = None
+        self.guide = None
         self.cached = 0

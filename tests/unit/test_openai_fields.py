@@ -65,7 +65,7 @@ def test_neutral_values_of_every_standard_field_give_the_plain_answer(client, ca
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("response_format", {"type": "json_object"}),
+        ("structured_outputs", {"regex": "a+", "choice": ["a"]}),  # one constraint at a time
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("tool_choice", "required"),
         ("modalities", ["text", "audio"]),

@@ -28,7 +28,7 @@ const SPEC = /* protocol-json */ {
                     "kv_blocks": "int", "kv_bytes_reserved": "int", "batch_size": "int"},
     "token": {"index": "int", "id": "int", "text": "str", "pending": "bool", "step_ms": "num", "cache_tokens": "int",
               "cache_bytes_measured": "int", "cache_bytes_formula": "int", "prob": "num", "candidates": "arr",
-              "kv_blocks": "int", "kv_bytes_reserved": "int", "batch_size": "int"},
+              "kv_blocks": "int", "kv_bytes_reserved": "int", "batch_size": "int", "mask": "obj?"},
     "attention": {"index": "int", "query_position": "int", "positions": "int", "bin_width": "int", "all": "obj",
                   "layers": "arr"},
     "preempted": {"blocks_freed": "int", "tokens": "int"},
