@@ -2,7 +2,9 @@
 greedy decoding as the engine, so its lone decode speed and prefill sit beside ours in one run;
 through node-llama-cpp 3.21.1's prebuilt CPU binaries (or llama-cpp-python where installed), and a
 plain sentence saying why when neither is there. `--anchor vllm` adds vLLM's CPU build (float32 on the
-same weights, through its OpenAI-compatible server) to the same run: lone decode, prefill, N clients."""
+same weights, through its OpenAI-compatible server) to the same run: lone decode, prefill, N clients.
+What each anchor adds to the `--dtypes` report: its medians, its answers against the reference route's,
+each route's ratio over it, and its printed line."""
 
 from __future__ import annotations
 

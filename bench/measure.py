@@ -22,6 +22,8 @@ from .clients import InProcessClient, WebSocketClient
 
 
 def machine_info(facts) -> dict[str, Any]:
+    """What every report records about where it ran: platform, processor, threads, library versions, the
+    device, and the load average at the start (the run adds the one at its end)."""
     import torch
     import transformers
 
