@@ -8,6 +8,7 @@ the API key, origin check and error shape are the chat endpoint's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ from flask import jsonify, request
 
 from app.engine_ext import get_engine
 from app.openai import request_fields as rf
+from app.openai import structured
 from app.openai.chat import forwardable
 from app.openai.fanout import merged, submit_all
 from app.openai.routes import bp, collected, model_view, run_events, served_ids, streamed
@@ -43,6 +45,8 @@ KNOWN_FIELDS = (
     "stream",
     "model",
     "prompt_cache_key",  # vLLM reads and ignores it too
+    "text",  # `text.format`: text, json_object or json_schema (app/openai/structured.py)
+    "structured_outputs",
 )
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text")
@@ -63,7 +67,6 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reasoning": (_null, "null: the model has no reasoning setting"),
     "prompt": (_null, "null: stored prompt templates are not supported"),
     "max_tool_calls": (_null, "null: no tools are called here"),
-    "text": (lambda v: _null(v) or v == {"format": {"type": "text"}}, '{"format": {"type": "text"}}'),
     "stream_options": (lambda v: _null(v) or set(v) <= {"include_obfuscation"}, '{"include_obfuscation": …}'),
 }
 
@@ -74,6 +77,7 @@ class ResponsesCall:
     stream: bool
     instructions: str | None
     metadata: dict | None
+    text: dict  # the `text` configuration, echoed in the answer as vLLM does
 
 
 # ---- the request -------------------------------------------------------------------------------
@@ -157,13 +161,16 @@ def parse_responses(body: Any, ids: list[str], model: Any) -> ResponsesCall:
             "candidates": 0,
         }
         params = parse_generate(payload, rf.limits(model.context))
+        constraint = structured.checked(structured.constraint_of(body, "text.format"), model)
+        params = dataclasses.replace(params, constraint=constraint)
         forwardable(params, model.tokenizer is not None)
     except UserError as exc:
         if (exc.field or "").startswith("messages"):  # the conversation parse_generate saw is `input` here
             exc.message, exc.field = exc.message.replace("`messages`", "`input`"), "input"
         raise rf.rename_field(exc, {"max_new_tokens": "max_output_tokens"}) from None
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
-    return ResponsesCall(params, stream, body.get("instructions"), metadata)
+    text = body.get("text") or {"format": {"type": "text"}}
+    return ResponsesCall(params, stream, body.get("instructions"), metadata, text)
 
 
 # ---- the answer --------------------------------------------------------------------------------
@@ -212,7 +219,7 @@ def response_object(rid: str, served: str, call: ResponsesCall, created: int, **
         "previous_response_id": None,
         "reasoning": None,
         "service_tier": "auto",
-        "text": {"format": {"type": "text"}},
+        "text": call.text,
         "truncation": "disabled",
         "usage": end.get("usage"),
         "user": None,

@@ -109,7 +109,9 @@ def constraint_of(body: dict, format_field: str = "response_format") -> Constrai
     """The request's one constraint from `response_format` (or `text.format`) and `structured_outputs`."""
     if format_field == "text.format":
         text = body.get("text")
-        fmt = from_response_format(text.get("format"), "text.format") if isinstance(text, dict) else None
+        if text is not None and not isinstance(text, dict):
+            raise UserError('`text` must be an object like {"format": {"type": "text"}}', field="text")
+        fmt = from_response_format((text or {}).get("format"), "text.format")
     else:
         fmt = from_response_format(body.get("response_format"))
     outputs = from_structured_outputs(body.get("structured_outputs"))
