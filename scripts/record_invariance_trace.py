@@ -46,7 +46,8 @@ def copied_from_serving_trace(trace: dict, source: str) -> dict:
     # each answer's machine.load_1m is read as the answer is built: the one before ended as this one began
     before = trace["experiments"][names[-2]]["machine"]["load_1m"] if len(names) > 1 else on["load_1m"]
     recorded_on = {
-        **{k: v for k, v in on.items() if k != "merged"},
+        # the serving file's own later edits are its history, not this file's (which lists its own)
+        **{k: v for k, v in on.items() if k not in ("merged", "edited_after_recording")},
         "load_1m": before,
         "load_1m_end": body["machine"]["load_1m"],
         "copied_from": {

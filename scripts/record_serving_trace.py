@@ -50,12 +50,13 @@ def in_process(model: str, dtype: str):
     engine.wait_ready(900)
     warm_up(engine)  # the first decode steps of a fresh process pay one-off costs (1 s a step on int4 here)
     client = create_app({"ENGINE": engine, "ALLOW_POLICY_CHANGES": True}).test_client()
+    facts = {**engine.facts.to_dict(), "decoder": engine.decoder()}
 
     def post(name: str, params: dict):
         response = client.post(f"/api/experiments/{name}", json=params)
         return response.status_code, response.json
 
-    return post, engine.facts.to_dict(), engine.shutdown
+    return post, facts, engine.shutdown
 
 
 def remote(url: str):
@@ -72,8 +73,8 @@ def remote(url: str):
             return exc.code, json.load(exc)
 
     with urllib.request.urlopen(f"{url.rstrip('/')}/api/model", timeout=30) as response:
-        facts = json.load(response)["facts"] or {}
-    return post, facts, lambda: None
+        model = json.load(response)
+    return post, {**(model["facts"] or {}), "decoder": model.get("decoder")}, lambda: None
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -92,6 +93,15 @@ def machine_name() -> str:
     return ", ".join(part for part in (cpu_model(), platform.machine(), f"{os.cpu_count()} cores") if part)
 
 
+DECODER_WORDS = {"native": "the native step", "transformers": "transformers' forward"}
+
+
+def decoder_words(report: dict | None) -> str:
+    """The decoder that ran a recording's steps, as its source line names it (the engine's decoder report)."""
+    name = (report or {}).get("name")
+    return DECODER_WORDS.get(name, f"decoder {name}" if name else "decoder not reported by the engine")
+
+
 def recording_context(facts: dict, load_start: float) -> dict:
     """Where and when a recording was made: the machine, its load before and after, the model and its route."""
     return {
@@ -102,6 +112,7 @@ def recording_context(facts: dict, load_start: float) -> dict:
         # the weights' route beside the name: it sets the numbers (the page names it with the run)
         "model": f"{facts.get('name')}, {facts.get('dtype_route') or facts.get('dtype')}",
         "route": route_of(facts),
+        "decoder": decoder_words(facts.get("decoder")),  # the same model runs at another speed on the other one
         "cpus": os.cpu_count(),
         **host_context(),  # of the machine running this script (the server's, in-process)
     }

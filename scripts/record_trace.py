@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model_runner.trace import EXAMPLE_REQUEST, dumps_trace, record, validate_trace, warm_up, with_attention  # noqa: E402
-from scripts.record_serving_trace import machine_name  # noqa: E402
+from scripts.record_serving_trace import decoder_words, machine_name  # noqa: E402
 
 DEFAULT_OUT = ROOT / "static" / "data" / "trace-example.json"
 RUN_LIMIT_S = 900.0
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             note="Recorded with scripts/record_trace.py after one warm-up request; "
             "times are the recording machine's, measured by the engine.",
         )
+        trace["recorded_on"]["decoder"] = decoder_words(engine.decoder())  # named in the page's source line
     finally:
         engine.shutdown()
     # the page names the recording machine: its processor's model, not only its architecture

@@ -200,6 +200,9 @@ def test_each_recorded_run_names_its_route_machine_and_load(page, fake_server):
     assert "this project’s machine" not in source.inner_text()
     load = SERVING["experiments"]["why_batch"]["machine"].get("load_1m", SERVING["recorded_on"]["load_1m"])
     assert f"load {load:.2f}" in source.inner_text()
+    # the decoder that ran the steps, in both source lines (the shipped recordings predate the native step)
+    expect(source.locator(".sv-decoder")).to_have_text(SERVING["recorded_on"]["decoder"])
+    assert f"on {TRACE['recorded_on']['decoder']}" in intro
 
 
 def test_the_two_recorded_ratios_are_set_side_by_side_with_the_reason(page, fake_server):

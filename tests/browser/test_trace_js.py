@@ -203,12 +203,12 @@ def test_the_route_is_read_from_either_recording_format(js):
 def test_machine_and_load_come_from_either_field_naming(js):
     got = js("""
       const text = (on) => context.recordedOnText({ recordedOn: on, model: { dtype: 'float32' } });
-      return [text({ machine: 'x86_64', cpus: 2, load_1min_before: 1.5, load_1min_after: 2 }),
-              text({ machine: 'x86_64', load_1m: 0.25 }), text(null)];""")
+      return [text({ machine: 'x86_64', cpus: 2, load_1min_before: 1.5, load_1min_after: 2, decoder: 'the native step' }),
+              text({ machine: 'x86_64', load_1m: 0.25, decoder: "transformers' forward" }), text(null)];""")
     assert got == [
-        "float32 weights · x86_64, 2 CPUs · load 1.50 → 2.00",
-        "float32 weights · x86_64 · load 0.25",
-        "float32 weights · machine not recorded · load not recorded",
+        "float32 weights · x86_64, 2 CPUs · on the native step · load 1.50 → 2.00",
+        "float32 weights · x86_64 · on transformers' forward · load 0.25",
+        "float32 weights · machine not recorded · on decoder not recorded · load not recorded",
     ]
 
 

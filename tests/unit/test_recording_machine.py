@@ -26,3 +26,28 @@ def test_each_experiment_machine_gets_the_processor_when_known():
     assert named["machine"] == {**body["machine"], "processor": "Intel(R) Xeon(R) Processor"}
     assert "processor" not in body["machine"]  # the server's answer itself is left as it came
     assert rec.with_processor(body, "") is body
+
+
+def test_a_recording_names_the_decoder_that_ran_its_steps():
+    facts = {"name": "SmolLM2", "dtype_route": "int4"}
+    assert rec.recording_context({**facts, "decoder": {"name": "native"}}, 0.5)["decoder"] == "the native step"
+    assert (
+        rec.recording_context({**facts, "decoder": {"name": "transformers"}}, 0.5)["decoder"] == "transformers' forward"
+    )
+    assert rec.recording_context(facts, 0.5)["decoder"] == "decoder not reported by the engine"
+
+
+def test_every_shipped_recording_names_its_decoder_and_says_what_was_edited_after_it():
+    """The shipped recordings were made before the native step landed: they say transformers' forward, and
+    list every edit made to them since (tests/unit/test_evidence.py checks what their figures carry)."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "static/data"
+    for name in ("serving-trace.json", "invariance-trace.json", "trace-example.json"):
+        on = json.loads((data / name).read_text(encoding="utf-8"))["recorded_on"]
+        assert on["decoder"] in rec.DECODER_WORDS.values(), name
+        assert on["decoder"] == "transformers' forward", name  # recorded 2026-12-01, before the native step
+        edits = on["edited_after_recording"]
+        assert edits and all(e["date"].startswith("2026-12-02") and e["what"] for e in edits), name
+        assert any("`decoder` added" in e["what"] for e in edits), name

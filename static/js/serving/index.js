@@ -13,7 +13,7 @@ import { listExperiments, runExperiment } from './data.js';
 import { loadTrace } from '../shared/serving-trace.js';
 import { setting, value } from './view.js';
 import { CLAIMS } from './claims.js';
-import { servingRoute } from '../shared/route.js';
+import { decoderOf, servingRoute } from '../shared/route.js';
 import * as whyBatch from './why-batch.js';
 import * as batching from './batching.js';
 import * as paged from './paged.js';
@@ -140,7 +140,9 @@ function sourceLine(stage) {
     const isa = merged?.cpu_capability || on.cpu_capability;
     value(node, `${model}, ${machine}${isa ? ` (${isa})` : ''}, ${date || 'date not given'}`,
       'measured', 'sv-source-detail');
-    node.append(' load ');
+    node.append(', on ');
+    setting(node, decoderOf(on), 'sv-decoder'); // the decoder that ran its steps: how the run was made
+    node.append(', load ');
     // This experiment's own load when the recording has it, else the recording's at its start.
     value(node, formatFixed(Number.isFinite(m.load_1m) ? m.load_1m : on.load_1m, 2), 'measured');
   } else {

@@ -8,6 +8,7 @@ import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { runExperiment, listExperiments } from './data.js';
 import { CLAIMS, MODES, agreement, gapText, loadText, loadsOf, rateText } from './invariance-math.js';
 import { clear, setting, table, tag, value } from './view.js';
+import { decoderOf } from '../shared/route.js';
 
 export const NAME = 'batch_invariance';
 export const TRACE_URL = new URL('../../data/invariance-trace.json', import.meta.url);
@@ -33,6 +34,8 @@ function sourceLine(node, response, recordedOn) {
     value(node, `${recordedOn.model || 'model not named'}, ${recordedOn.machine || 'machine not recorded'}`
       + `${recordedOn.cpu_capability ? ` (${recordedOn.cpu_capability})` : ''}, ${recordedOn.date || 'date not given'}`,
     'measured', 'sv-source-detail');
+    node.append(', on ');
+    setting(node, decoderOf(recordedOn), 'sv-decoder');
   } else {
     node.append('Live run ');
     value(node, m.device || m.cpu || 'this server', 'measured', 'sv-source-detail');

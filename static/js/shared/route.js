@@ -44,3 +44,10 @@ export function kernelsOf(route, promptTokens, floatPrefill) {
   if (floatPrefill !== true || !(promptTokens >= 16)) return null;
   return { prompt: 'float32 GEMM', decode: `${route} kernel` };
 }
+
+// The decoder a recording's steps ran on, as its recorder wrote it ("transformers' forward", "the native
+// step"): part of every recording's source line, since the two run the same model at different speeds.
+export function decoderOf(recordedOn) {
+  const d = recordedOn && recordedOn.decoder;
+  return typeof d === 'string' && d ? d : 'decoder not recorded';
+}

@@ -6,14 +6,15 @@ import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { median } from '../shared/stats.js';
 import { pointVerdict } from '../shared/roofline.js';
 import { CARRIED, NOT_CARRIED_WORDS, rooflineEvidence } from '../shared/evidence.js';
-import { floatPrefillOf, kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
+import { decoderOf, floatPrefillOf, kernelsOf, routeName, routeOf, servingRoute } from '../shared/route.js';
 
 // The route a walkthrough run took: its recording's own field first, else its model's facts.
 export function runRoute(run) {
   return routeName(run.recordedOn && run.recordedOn.route) || routeOf(run.model);
 }
 
-// Where a walkthrough trace was recorded, in words: "int4 weights · x86_64, 2 CPUs · load 1.29 → 1.30".
+// Where a walkthrough trace was recorded, in words: "int4 weights · x86_64, 2 CPUs · on transformers' forward ·
+// load 1.29 → 1.30".
 export function recordedOn(run) {
   const on = run.recordedOn || {};
   const route = runRoute(run);
@@ -23,12 +24,12 @@ export function recordedOn(run) {
   const after = on.load_1min_after ?? on.load_1m_end;
   let load = null;
   if (Number.isFinite(before)) load = Number.isFinite(after) ? `${before.toFixed(2)} → ${after.toFixed(2)}` : before.toFixed(2);
-  return { route, machine, load };
+  return { route, machine, load, decoder: decoderOf(on) };
 }
 
 export function recordedOnText(run) {
-  const { route, machine, load } = recordedOn(run);
-  const parts = [route ? `${route} weights` : 'route not recorded', machine || 'machine not recorded',
+  const { route, machine, load, decoder } = recordedOn(run);
+  const parts = [route ? `${route} weights` : 'route not recorded', machine || 'machine not recorded', `on ${decoder}`,
     load ? `load ${load}` : 'load not recorded'];
   return parts.join(' · ');
 }
