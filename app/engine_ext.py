@@ -38,7 +38,6 @@ def builtin_engine(app: Flask) -> Engine:
             device=app.config["DEVICE"],
             dtype=app.config["DTYPE"],
             cuda_graphs=str(app.config["CUDA_GRAPHS"]),
-            batch_invariant=bool(app.config.get("BATCH_INVARIANT", False)),  # `kvscope serve --batch-invariant`
             decoder=str(app.config.get("DECODER", "auto")),  # `kvscope serve --decoder`
             max_queue=int(app.config["MAX_QUEUE"]),
             timeout_s=float(app.config["TIMEOUT_S"]),

@@ -63,7 +63,6 @@ def serve(args: argparse.Namespace) -> int:
         "DEVICE": args.device,
         "DTYPE": args.dtype,
         "CUDA_GRAPHS": args.cuda_graphs,
-        "BATCH_INVARIANT": args.batch_invariant,
         "DECODER": args.decoder,
         "BIND_HOST": args.host,
         "PORT": args.port,
@@ -170,13 +169,16 @@ def engine_lines(args: argparse.Namespace, remote: dict | None, api_key: str | N
 
 
 def batch_invariant_policy(args: argparse.Namespace, policy: dict, remote: dict | None) -> dict:
-    """--batch-invariant's policy: prefix caching off (a class's default too: a shared prefix was computed at
-    another request's shapes); refused beside --prefix-caching, and with --engine (that server batches)."""
+    """--batch-invariant: the policy's `batch_invariant`, whose check refuses it beside prefix caching asked
+    for (--prefix-caching); a class's default prefix caching yields to it. Refused with --engine (that
+    server batches)."""
     if remote is not None:
         raise UserError("--batch-invariant is a mode of the built-in engine, not of --engine", field="batch_invariant")
-    if args.prefix_caching:
-        raise UserError("--batch-invariant turns prefix caching off: drop --prefix-caching", field="prefix_caching")
-    return {**policy, "prefix_caching": False}
+    policy = {**policy, "batch_invariant": True}
+    if not args.prefix_caching:
+        policy["prefix_caching"] = False
+    engine_defaults.POLICY.updated(policy)
+    return policy
 
 
 def add_batch_invariant_flag(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,14 @@ class LocalControls(Protocol):
 
     def withdraw_feed_text(self) -> None: ...
 
+    def decoder(self) -> dict[str, Any] | None:
+        """Which decoder runs the steps, what `--decoder` asked and why (None until the model is loaded)."""
+        ...
+
+    def batch_invariance(self) -> dict[str, Any]:
+        """Whether batch-invariant mode (the policy's `batch_invariant`) is on and what it rests on here."""
+        ...
+
 
 @runtime_checkable
 class EngineInterface(Protocol):

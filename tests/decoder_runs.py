@@ -8,6 +8,7 @@ import torch
 from kvscope_testkit import ask
 
 from model_runner.local.kv_cache import PagedKVPool
+from model_runner.local.model.decoders import decoder_for
 from model_runner.local.scheduler import Work
 from model_runner.local.step.forward import BatchForward
 from model_runner.shared.sequence import Sequence
@@ -20,7 +21,9 @@ class Run:
 
     def __init__(self, model, decoder: str, cuda_graphs: str = "off", invariant_rows: int = 0, blocks: int = 32):
         self.pool = PagedKVPool(model, None, num_blocks=blocks, block_size=BLOCK, max_batch_tokens=1024)
-        self.forward = BatchForward(model, self.pool, cuda_graphs, invariant_rows=invariant_rows, decoder=decoder)
+        self.forward = BatchForward(
+            model, self.pool, decoder_for(model, self.pool, decoder), cuda_graphs, invariant_rows
+        )
         self.seqs: dict[str, Sequence] = {}
 
     def step(self, rows: list[tuple[str, list[int]]], inspect: set[str] = frozenset()) -> torch.Tensor:

@@ -164,8 +164,7 @@ NOT_ON_REMOTE = "batch-invariant mode is a mode of the built-in engine: a remote
 
 def _mode_switch():
     """The built-in engine, which can switch the mode; None on a remote engine."""
-    local = get_engine().local
-    return local if local is not None and hasattr(local, "set_batch_invariant") else None
+    return get_engine().local
 
 
 def batch_invariant_state() -> dict:
@@ -216,7 +215,7 @@ def class_batch_invariant():
     local = _mode_switch()
     if local is None:
         raise UserError(NOT_ON_REMOTE, field="batch_invariant")
-    local.set_batch_invariant(on)
+    get_engine().set_policy(batch_invariant=on)
     state = local.batch_invariance()
     log.info("class: the teacher turned batch-invariant mode %s", "on" if on else "off")
     _tell_the_class_views(state)

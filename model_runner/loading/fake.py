@@ -27,6 +27,8 @@ class ScriptedLM(nn.Module):
         self.base = base
         self.config = base.config
         self.delay_s = delay_s
+        if delay_s:  # a bigger model's step time, on whatever runs the layers (native step, forward, recompute)
+            base.model.embed_tokens.register_forward_pre_hook(self._stand_in_step_time)
         self.script = list(ANSWER.encode()) + [ByteTokenizer.IM_END]
         self.header = [ByteTokenizer.IM_START, *b"assistant\n"]
 
@@ -41,11 +43,11 @@ class ScriptedLM(nn.Module):
     def set_attn_implementation(self, name: str) -> None:
         self.base.set_attn_implementation(name)
 
+    def _stand_in_step_time(self, *_) -> None:
+        time.sleep(self.delay_s)
+
     def forward(self, input_ids: torch.Tensor, **kwargs):
-        # input_ids: [1, tokens]; a delay stands in for a bigger model's step time
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        return self.base(input_ids=input_ids, **kwargs)
+        return self.base(input_ids=input_ids, **kwargs)  # input_ids: [1, tokens]
 
     def steer_logits(self, histories: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
         """logits: [rows, vocab], row i after the tokens histories[i] → the same, steered."""

@@ -31,13 +31,11 @@ class EngineConfig:
     event_buffer: int = EVENT_BUFFER
     block_size: int = BLOCK_SIZE
     kv_cache_mb: float | None = None  # the paged pool's size; None = room for one full context window
-    policy: Policy = field(default_factory=lambda: POLICY)  # the starting policy; changed at run time
+    # The starting policy (batch-invariant mode among its fields); changed at run time by Engine.set_policy.
+    policy: Policy = field(default_factory=lambda: POLICY)
     feed_text: bool = False  # allow prompt and answer text in the engine feed (observers)
     # Decode steps as CUDA graphs: "auto" (on CUDA), "off" (eager), "padded" (the graphs' padded step, no
     # graph: how the CPU tests it). See local/step/graphs.py.
     cuda_graphs: str = CUDA_GRAPHS
-    # Batch-invariant decoding (local/step/invariant.py): a request's logits the same bits whatever its company;
-    # decode rows padded to the starting policy's max_num_seqs, prompts alone, prefix caching off, no graphs.
-    batch_invariant: bool = False
     # Which decoder runs a step (local/model/decoders.py): auto (native for the Llama family), native or transformers.
     decoder: str = "auto"

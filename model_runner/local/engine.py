@@ -1,7 +1,7 @@
 """The engine: one worker thread owns the model and the paged KV pool and runs `step()` =
 schedule → one batched forward (local/step/forward.py: a decode token for each running request plus prefill
-chunks of newly admitted ones) → postprocess (core/postprocess.py: sample per request, stop checks, events).
-Any thread may submit, cancel, change the scheduling policy or hold admissions (core/controls.py);
+chunks of newly admitted ones) → postprocess (local/postprocess.py: sample per request, stop checks, events).
+Any thread may submit, cancel, change the scheduling policy or hold admissions (local/controls.py);
 each request's events go to its own bounded stream and the engine feed (local/announce.py) goes to
 observers, so the worker never waits on a slow reader. Every request ends with exactly one terminal
 event (finished, cancelled or error)."""
@@ -12,7 +12,6 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,11 +22,10 @@ from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
 from model_runner.local.controls import AdmissionControls
 from model_runner.local.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
-from model_runner.local.model.decoders import decoder_report
+from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.postprocess import Postprocess, terminal_event
 from model_runner.local.scheduler import Scheduler, StepPlan
-from model_runner.local.step.forward import BatchForward, run_step
-from model_runner.local.step.invariant import Invariance, check_kernels
+from model_runner.local.step.forward import BatchForward, Forwards, run_step
 from model_runner.request import GenerateParams
 from model_runner.shared.base import EngineBase
 from model_runner.shared.feed import EngineFeed
@@ -46,13 +44,12 @@ class Engine(EngineBase, AdmissionControls):
         super().__init__()
         self.config = config
         self.loaded = loaded
-        policy = replace(config.policy, prefix_caching=False) if config.batch_invariant else config.policy
-        self.scheduler = Scheduler(config.max_queue, policy, batch_invariant=config.batch_invariant)
-        self.invariance: Invariance | None = None  # the mode's kernel check, once the model is loaded
+        self.scheduler = Scheduler(config.max_queue, config.policy)
         self.feed = EngineFeed()
         self.pool: PagedKVPool | None = None
         self._usage: dict[str, int] | None = None  # the pool's usage after the last step (read by any thread)
         self._forward: BatchForward | None = None
+        self._forwards: Forwards | None = None  # each mode's, once the model is loaded
         self._decoder: dict[str, Any] | None = None  # which decoder runs the steps, once the model is loaded
         self._post: Postprocess | None = None  # with the pool, once the model is loaded
         self._announce = Announcer(self.feed, config.feed_text)
@@ -115,9 +112,10 @@ class Engine(EngineBase, AdmissionControls):
         )
         self.pool = PagedKVPool(self.loaded.model, facts, blocks, size, self.scheduler.policy.max_batch_tokens)
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
-        self._forwards: dict[bool, BatchForward] = {}  # by mode, each made when the mode is first used
-        self._forward_mode = self.scheduler.batch_invariant  # the mode self._forward was made for
-        self._forward = self._forward_for(self._forward_mode)
+        decoder = decoder_for(self.loaded.model, self.pool, self.config.decoder)
+        self._decoder = decoder_report(decoder, self.loaded.model, self.config.decoder)
+        self._forwards = Forwards(self.loaded.model, self.pool, decoder, self.config.cuda_graphs)
+        self._forward = self._forwards.of(self.scheduler.policy)
         self._post = Postprocess(self.loaded, self.pool, self.scheduler, self._end_now)
         self._usage = self.pool.usage().to_dict()
         self._status = "ready"
@@ -196,16 +194,10 @@ class Engine(EngineBase, AdmissionControls):
         return self.scheduler.policy
 
     def set_policy(self, changes: dict[str, Any] | None = None, /, **more: Any) -> Policy:
-        """Change scheduling policies at run time; they apply from the next step. UserError (naming
-        the field and its limit) when a change is not valid."""
+        """Change scheduling policies at run time (batch-invariant mode among them); they apply from the next
+        step (`_apply_policy`). UserError (naming the field and its limit) when a change is not valid."""
         with self._lock:
             policy = self.scheduler.policy.updated({**(changes or {}), **more})
-            if self.scheduler.batch_invariant and policy.prefix_caching:
-                raise UserError(
-                    "prefix caching stays off in batch-invariant mode: a shared prefix was computed inside "
-                    "another request's prompt, at other shapes, so it holds other bits",
-                    field="prefix_caching",
-                )
             self.scheduler.policy = policy
             self._wake.notify_all()
         self._announce.policy(policy)
@@ -222,37 +214,10 @@ class Engine(EngineBase, AdmissionControls):
 
     def batch_invariance(self) -> dict[str, Any]:
         """Whether the mode is on and, when it is, what it rests on here (for /api/model and /metrics)."""
-        if not self.scheduler.batch_invariant:
+        if not self.scheduler.policy.batch_invariant:
             return {"on": False}
-        return self.invariance.to_dict() if self.invariance is not None else {"on": True, "claimed": None}
-
-    def set_batch_invariant(self, on: bool) -> None:
-        """Switch batch-invariant decoding at run time (the serving chapter's experiment); the worker takes the
-        mode's forward before its next step. Refused while prefix caching is on (the mode keeps it off)."""
-        with self._lock:
-            if on and self.scheduler.policy.prefix_caching:
-                raise UserError(
-                    "turn prefix caching off before batch-invariant mode (the mode keeps it off)",
-                    field="prefix_caching",
-                )
-            self.scheduler.batch_invariant = bool(on)
-            self._wake.notify_all()
-
-    def _forward_for(self, invariant: bool) -> BatchForward:
-        """The batched forward of a mode, made once; the mode's checks its kernels at its row count first."""
-        if invariant not in self._forwards:
-            rows = 0
-            if invariant:  # the fixed row count, and what each kernel on the route gives at it
-                rows = self.scheduler.policy.max_num_seqs
-                self.invariance = check_kernels(self.loaded.model, rows)
-                if not self.invariance.claimed:
-                    log.warning("batch-invariant mode: some kernels are not row-independent: %s", self.invariance)
-            forward = BatchForward(
-                self.loaded.model, self.pool, self.config.cuda_graphs, invariant_rows=rows, decoder=self.config.decoder
-            )
-            self._forwards[invariant] = forward
-            self._decoder = decoder_report(forward.decoder, self.loaded.model, self.config.decoder)
-        return self._forwards[invariant]
+        invariance = self._forwards.invariance if self._forwards is not None else None
+        return invariance.to_dict() if invariance is not None else {"on": True, "claimed": None}
 
     def decoder(self) -> dict[str, Any] | None:
         """Which decoder runs the steps and why (local/model/decoders.py); None until the model is loaded."""
@@ -301,7 +266,7 @@ class Engine(EngineBase, AdmissionControls):
                 while True:
                     with self._lock:
                         while not self._stopping and not len(self.scheduler):
-                            self._apply_pool_policy()  # an idle engine applies a policy change too
+                            self._apply_policy()  # an idle engine applies a policy change too
                             self._wake.wait(timeout=0.5)
                         if self._stopping:
                             break
@@ -322,10 +287,7 @@ class Engine(EngineBase, AdmissionControls):
         """One engine step: schedule → run the model → postprocess. False when nothing ran."""
         with self._lock:
             self._end_cancelled_and_expired()
-            self._apply_pool_policy()
-            if self._forward_mode != self.scheduler.batch_invariant:  # switched since the last step
-                self._forward_mode = self.scheduler.batch_invariant
-                self._forward = self._forward_for(self._forward_mode)
+            self._apply_policy()
             batch = self.scheduler.schedule(self.pool)
             self._admit(batch)
         if not batch:
@@ -364,11 +326,15 @@ class Engine(EngineBase, AdmissionControls):
             waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
         self._announce.step(self.steps, batch, step_ms, self.pool, kv=usage, waiting=waiting, running=running)
 
-    def _apply_pool_policy(self) -> None:
-        """The pool's side of the policy, on the worker thread (the only one that touches the pool)."""
-        if self.pool.prefix_caching != self.scheduler.policy.prefix_caching:
-            self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
+    def _apply_policy(self) -> None:
+        """The policy's side in the pool and the forward, on the worker thread (the only one that touches
+        them): prefix caching on or off, and batch-invariant mode's forward (its kernels checked when first
+        switched on). Caller holds the lock."""
+        policy = self.scheduler.policy
+        if self.pool.prefix_caching != policy.prefix_caching:
+            self.pool.set_prefix_caching(policy.prefix_caching)
             self._usage = self.pool.usage().to_dict()
+        self._forward = self._forwards.of(policy)
 
     # ---- endings ---------------------------------------------------------------------------------
 

@@ -60,12 +60,9 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, max_queue: int, policy: Policy = Policy(), batch_invariant: bool = False):
+    def __init__(self, max_queue: int, policy: Policy = Policy()):
         self.max_queue = max_queue
         self.policy = policy
-        # Batch-invariant mode (local/step/invariant.py): a prompt's pieces are set by the request alone (never cut
-        # to what the company left of the budget), no prefix is shared, a preempted request replays its shapes.
-        self.batch_invariant = batch_invariant
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.wait_reason: dict[Sequence, str] = {}
@@ -169,7 +166,7 @@ class Scheduler:
         at least one token, so a prompt that started in chunks always finishes), else the whole
         pending prompt when it fits the budget or runs alone."""
         pending = len(seq.pending)
-        if self.batch_invariant:
+        if self.policy.batch_invariant:  # pieces set by the request alone, never cut to the company's leftovers
             piece = self._own_piece(seq)
             return piece if piece <= budget or first_in_step else 0  # too big for what is left: the next step
         if seq.chunk_size:
@@ -205,7 +202,7 @@ class Scheduler:
             if reason is None and seq.state == State.QUEUED:
                 seq.chunk_size = self._chunk_size(seq)
             if reason is None and seq.uses_cache:
-                if seq.cached == 0 and seq.preemptions == 0 and not self.batch_invariant:
+                if seq.cached == 0 and seq.preemptions == 0:
                     seq.cached = seq.prefix_hit = pool.match_prefix(seq)
                 if self._chunk(seq, budget, first_in_step=not plan.work) == 0:
                     reason = WAIT_SLOTS

@@ -20,16 +20,16 @@ MODES = ("default", "invariant")
 
 @contextmanager
 def mode(engine, invariant: bool):
-    """The engine in (or out of) batch-invariant mode for the block, and back as it was after, unless someone
-    (the teacher's switch) set the mode meanwhile: then their choice stands."""
-    local = engine.local
-    before = local.batch_invariance()["on"]
-    local.set_batch_invariant(invariant)
+    """The engine in (or out of) batch-invariant mode for the block (the policy's `batch_invariant`; prefix
+    caching off while it is on), and back as it was after, unless someone (the teacher's switch) set the mode
+    meanwhile: then their choice stands."""
+    before = engine.policy
+    engine.set_policy(batch_invariant=invariant, prefix_caching=before.prefix_caching and not invariant)
     try:
         yield
     finally:
-        if local.batch_invariance()["on"] == invariant:
-            local.set_batch_invariant(before)
+        if engine.policy.batch_invariant == invariant:
+            engine.set_policy(batch_invariant=before.batch_invariant, prefix_caching=before.prefix_caching)
 
 
 def run(engine, params: dict) -> dict:

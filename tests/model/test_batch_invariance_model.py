@@ -10,6 +10,8 @@ import pytest
 import torch
 from kvscope_testkit import Recorder, ask, events_of, start_engine, stop_engine
 
+from model_runner.shared.policy import Policy
+
 QUESTIONS = [
     "Name three primary colours.",
     "What is the capital of France?",
@@ -48,7 +50,7 @@ def token_ids(events: list[dict]) -> list[int]:
 
 @pytest.fixture(scope="module", params=["auto", "float32"], ids=["default-route", "float32"])
 def invariant_engine(request):
-    engine = start_engine("default", dtype=request.param, batch_invariant=True, timeout_s=TIMEOUT_S)
+    engine = start_engine("default", dtype=request.param, policy=Policy(batch_invariant=True), timeout_s=TIMEOUT_S)
     yield engine, Recorder(engine)
     stop_engine(engine)
 

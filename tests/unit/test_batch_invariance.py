@@ -6,6 +6,8 @@ mode reports, the kernel check that withholds the claim, and the scheduler's pie
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kvscope_testkit import Recorder, ask, blocks_mb, events_of, start_engine, stop_engine, wait_until
@@ -41,8 +43,9 @@ def engines(request):
     """(engine, recorder) in the mode on one route: the test model's float32, or its int4 kernels."""
     made = []
 
-    def make(**config):
-        engine = start_engine("fake", dtype=request.param, batch_invariant=True, **config)
+    def make(policy: Policy = Policy(), **config):
+        mode = replace(policy, batch_invariant=True)
+        engine = start_engine("fake", dtype=request.param, policy=mode, **config)
         made.append(engine)
         return engine, Recorder(engine)
 
@@ -103,13 +106,15 @@ def test_a_request_arriving_while_others_decode_gets_its_lone_logits(engines):
 
 
 def test_prefix_caching_stays_off_in_the_mode_and_shared_prefixes_change_nothing(engines):
-    engine, _ = engines(policy=Policy(prefix_caching=True))
+    engine, _ = engines()
     assert engine.policy.prefix_caching is False
-    with pytest.raises(UserError, match="prefix caching stays off") as refused:
+    with pytest.raises(UserError, match="batch-invariant mode keeps prefix caching off") as refused:
         engine.set_policy(prefix_caching=True)
     assert refused.value.field == "prefix_caching"
+    with pytest.raises(UserError, match="keeps prefix caching off"):  # however the policy is made
+        Policy(batch_invariant=True, prefix_caching=True)
     system = "You are a careful assistant who answers in one line. " * 3  # a prefix of several whole blocks
-    _, alone, among = lone_and_among(engines, COMPANY[:6], {"policy": Policy(prefix_caching=True)}, system=system)
+    _, alone, among = lone_and_among(engines, COMPANY[:6], system=system)
     assert_same_bits(alone, among)
     assert engine.prefix_hit_tokens == 0
 
@@ -128,7 +133,7 @@ def test_preempted_requests_replay_their_shapes_and_keep_their_lone_logits(engin
 
 
 def test_the_mode_reports_itself_and_what_its_claim_rests_on():
-    engine = start_engine("fake", batch_invariant=True)
+    engine = start_engine("fake", policy=Policy(batch_invariant=True))
     try:
         report = engine.batch_invariance()
         assert report["on"] is True and report["claimed"] is True and report["rows"] == engine.policy.max_num_seqs
@@ -164,7 +169,7 @@ def seq_of(prompt: int, output: int = 0, chunk: int = 0) -> Sequence:
 
 
 def test_the_modes_prefill_pieces_are_set_by_the_request_alone():
-    scheduler = Scheduler(8, Policy(), batch_invariant=True)
+    scheduler = Scheduler(8, Policy(batch_invariant=True))
     whole, chunked = seq_of(40), seq_of(40, chunk=16)
     assert scheduler._chunk(whole, budget=512, first_in_step=False) == 40
     assert scheduler._chunk(chunked, budget=512, first_in_step=False) == 16
@@ -183,7 +188,7 @@ def test_api_model_and_metrics_say_whether_the_mode_is_on():
     from app import create_app
 
     for on in (True, False):
-        engine = start_engine("fake", batch_invariant=on)
+        engine = start_engine("fake", policy=Policy(batch_invariant=on))
         try:
             client = create_app({"ENGINE": engine}).test_client()
             assert client.get("/api/model").json["batch_invariant"] == engine.batch_invariance()
@@ -194,18 +199,43 @@ def test_api_model_and_metrics_say_whether_the_mode_is_on():
             stop_engine(engine)
 
 
+def test_the_policy_route_switches_the_mode_the_next_step_runs_in():
+    # The policy route, the class's switch and `serve --batch-invariant` all set the one policy field.
+    from app import create_app
+
+    engine = start_engine("fake")
+    try:
+        client = create_app({"TESTING": True, "ENGINE": engine}).test_client()
+        assert engine.snapshot()["decode"]["mode"] == "eager"
+        answer = client.post("/api/engine/policy", json={"batch_invariant": True})
+        assert answer.status_code == 200 and answer.json["policy"]["batch_invariant"] is True
+        events = events_of(engine.submit(ask(PROBE, max_new_tokens=4, ignore_eos=True)), 60)
+        assert events[-1]["type"] == "finished"
+        assert engine.snapshot()["decode"]["mode"] == "invariant"
+        assert engine.batch_invariance()["on"] is True and engine.batch_invariance()["claimed"] is True
+        refused = client.post("/api/engine/policy", json={"prefix_caching": True})
+        assert refused.status_code == 400 and refused.json["field"] == "prefix_caching"  # the API's error shape
+        assert client.post("/api/engine/policy", json={"batch_invariant": False}).status_code == 200
+        events_of(engine.submit(ask(PROBE, max_new_tokens=2)), 60)
+        assert engine.snapshot()["decode"]["mode"] == "eager" and engine.batch_invariance() == {"on": False}
+    finally:
+        stop_engine(engine)
+
+
 def test_the_serve_flag_turns_prefix_caching_off_and_refuses_it_asked_for():
     from kvscope.cli import batch_invariant_policy, build_parser
 
     args = build_parser().parse_args(["serve", "--batch-invariant"])
     assert args.batch_invariant is True
     assert batch_invariant_policy(args, {"prefix_caching": True, "chunked_prefill": True}, None) == {
-        "prefix_caching": False,  # a class's default policy, say
+        "prefix_caching": False,  # a class's default policy, say, yields to the mode
         "chunked_prefill": True,
+        "batch_invariant": True,
     }
     asked = build_parser().parse_args(["serve", "--batch-invariant", "--prefix-caching"])
-    with pytest.raises(UserError, match="drop --prefix-caching"):
+    with pytest.raises(UserError, match="keeps prefix caching off") as refused:
         batch_invariant_policy(asked, {"prefix_caching": True}, None)
+    assert refused.value.field == "prefix_caching"
     with pytest.raises(UserError, match="not of --engine"):
         batch_invariant_policy(args, {}, {"ENGINE_URL": "http://gpu-box:8000"})
     assert build_parser().parse_args(["bench", "--batch-invariant"]).batch_invariant is True

@@ -244,12 +244,13 @@ def _rows_on_the_float_weights(monkeypatch, work) -> list[tuple[int, bool]]:
     whether it ran on the float32 weights."""
     from model_runner.loading import quantize
     from model_runner.local.kv_cache import PagedKVPool
+    from model_runner.local.model.decoders import decoder_for
     from model_runner.local.step.forward import BatchForward
 
     loaded = loader.load("fake", "cpu", "int4")
     monkeypatch.setattr(quantize, "_prompt_rows", spy := _Spy(quantize._prompt_rows))
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=512)
-    forward = BatchForward(loaded.model, pool)
+    forward = BatchForward(loaded.model, pool, decoder_for(loaded.model, pool))
     with torch.inference_mode():
         for seq, tokens, kind in work:
             if seq.cached == 0 and kind == "decode":  # give it a past first, in a step of its own

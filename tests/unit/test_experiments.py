@@ -453,10 +453,10 @@ def test_the_invariance_experiment_restores_the_mode_but_not_over_a_switch_made_
         assert local.batch_invariance()["on"] is True
     assert local.batch_invariance()["on"] is False
     with mode(engine, True):
-        local.set_batch_invariant(False)  # the teacher turns it off mid-run ...
-        local.set_batch_invariant(True)  # ... and on again: the mode is as the experiment set it
+        engine.set_policy(batch_invariant=False)  # the teacher turns it off mid-run ...
+        engine.set_policy(batch_invariant=True)  # ... and on again: the mode is as the experiment set it
     assert local.batch_invariance()["on"] is False
-    local.set_batch_invariant(True)  # the teacher's mode before the run: on
+    engine.set_policy(batch_invariant=True)  # the teacher's mode before the run: on
     with mode(engine, True):
-        local.set_batch_invariant(False)  # the teacher turns it off during the run: off it stays
+        engine.set_policy(batch_invariant=False)  # the teacher turns it off during the run: off it stays
     assert local.batch_invariance()["on"] is False

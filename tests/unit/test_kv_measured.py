@@ -12,6 +12,7 @@ from kvscope_testkit import ask, events_of
 
 from model_runner.loading import loader
 from model_runner.local.kv_cache import SENTINEL, PagedKVPool
+from model_runner.local.model.decoders import decoder_for
 from model_runner.local.scheduler import Work
 from model_runner.local.step.forward import BatchForward
 from model_runner.shared.sequence import Sequence
@@ -23,7 +24,7 @@ BLOCK = 16
 def pool_and_forward():
     loaded = loader.load("fake", "cpu", "auto")
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=32, block_size=BLOCK, max_batch_tokens=256)
-    return pool, BatchForward(loaded.model, pool)
+    return pool, BatchForward(loaded.model, pool, decoder_for(loaded.model, pool))
 
 
 def request(key: str, prompt: list[int]) -> Sequence:

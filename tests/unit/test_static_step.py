@@ -18,6 +18,7 @@ import model_runner.local.step.static_step as static_step
 from model_runner.loading import loader
 from model_runner.local.config import POLICY
 from model_runner.local.kv_cache import FULL, PagedKVPool
+from model_runner.local.model.decoders import decoder_for
 from model_runner.local.scheduler import Work
 from model_runner.local.step import graphs
 from model_runner.local.step.forward import BatchForward
@@ -54,7 +55,7 @@ def decode_run(loaded, mode: str, steps: int = DECODES, decoder: str = "auto"):
     """Three requests prefilled, then `steps` decode steps together → (logits per step, forward, pool); the
     pool's `requests` are the three sequences."""
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=256)
-    forward = BatchForward(loaded.model, pool, cuda_graphs=mode, decoder=decoder)
+    forward = BatchForward(loaded.model, pool, decoder_for(loaded.model, pool, decoder), cuda_graphs=mode)
     seqs = [
         Sequence(id=f"s{i}", params=ask("hi"), key=f"s{i}", prompt_ids=list(range(3, 3 + n)))
         for i, n in enumerate(PROMPTS)
@@ -112,7 +113,7 @@ def subjects_at_a_fixed_shape(loaded, companions=(), first_id=0, scribble=False)
     beside `companions` (prompt lengths of requests in rows 3-7) or padding (scribbled on when `scribble`),
     every step at FIXED → (their logits per step, their KV rows, the pool)."""
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=256)
-    forward = BatchForward(loaded.model, pool, cuda_graphs="padded")
+    forward = BatchForward(loaded.model, pool, decoder_for(loaded.model, pool), cuda_graphs="padded")
     subjects = [
         Sequence(id=f"s{i}", params=ask("hi"), key=f"s{i}", prompt_ids=list(range(3, 3 + n)))
         for i, n in enumerate(PROMPTS)
@@ -140,8 +141,8 @@ def scribble_on_padding(step: StaticDecodeStep) -> None:
     trash slot's and their key ranges empty, as fill sets them): what padding holds must not matter."""
     fill = step.fill
 
-    def fill_then_scribble(rows):
-        bucket = fill(rows)
+    def fill_then_scribble(rows, min_rows=1):
+        bucket = fill(rows, min_rows)
         pad = slice(len(rows), bucket.rows)
         step._view("ids", bucket.rows, step.host)[pad] = torch.arange(bucket.rows - len(rows)) * 37 + 101
         step._view("positions", bucket.rows, step.host)[pad] = torch.arange(bucket.rows - len(rows)) * 53 + 7
@@ -230,10 +231,10 @@ def test_padded_keys_change_the_logits_by_rounding_only_and_no_decided_token(loa
 
 def test_a_batch_wider_than_the_buffers_runs_eagerly(loaded):
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=256)
-    narrow = StaticDecodeStep(loaded.model, pool, max_rows=2)
+    narrow = StaticDecodeStep(loaded.model, pool, decoder_for(loaded.model, pool), max_rows=2)
     seqs = [Sequence(id=f"w{i}", params=ask("hi"), key=f"w{i}", prompt_ids=[3, 4, 5]) for i in range(3)]
     with torch.inference_mode():
-        forward = BatchForward(loaded.model, pool, cuda_graphs="padded")
+        forward = BatchForward(loaded.model, pool, decoder_for(loaded.model, pool), cuda_graphs="padded")
         forward.static = narrow
         for seq in seqs:
             run_work(pool, forward, [Work(seq, seq.prompt_ids, "prefill", True)])
@@ -245,12 +246,12 @@ def test_a_batch_wider_than_the_buffers_runs_eagerly(loaded):
 def test_a_failed_capture_runs_the_bucket_without_a_graph(loaded, monkeypatch):
     """CUDA is not here: the capture's first CUDA call fails, as a capture can on a GPU, and the step runs."""
     pool = PagedKVPool(loaded.model, loaded.facts, num_blocks=64, block_size=16, max_batch_tokens=256)
-    step = StaticDecodeStep(loaded.model, pool)
+    step = StaticDecodeStep(loaded.model, pool, decoder_for(loaded.model, pool))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     decode_graphs = graphs.DecodeGraphs(step)
     seq = Sequence(id="g", params=ask("hi"), key="g", prompt_ids=[3, 4, 5])
-    eager = BatchForward(loaded.model, pool, cuda_graphs="off")
+    eager = BatchForward(loaded.model, pool, decoder_for(loaded.model, pool), cuda_graphs="off")
     with torch.inference_mode():
         run_work(pool, eager, [Work(seq, seq.prompt_ids, "prefill", True)])
         assert pool.reserve(seq, 1)

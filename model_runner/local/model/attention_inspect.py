@@ -2,7 +2,8 @@
 taken inside the model's own forward from its queries and the keys the paged pool hands back. The
 kvscope attention function wraps transformers' sdpa: with no probe in the step it delegates unchanged;
 with one it updates the cache itself, keeps softmax(q·Kᵀ·scaling + mask) for the probed rows' last
-query, then runs the same sdpa on the same keys and values."""
+query, then runs the same sdpa on the same keys and values. A batch-invariant step (`PagedStep.row_by_row`)
+reaches it with ROWS_KWARG: the same sdpa, row by row over each row's own keys."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from model_runner.local.model.paged_step import attend_row_by_row
+
 IMPLEMENTATION = "kvscope_sdpa"  # the name the model's config carries once registered
 PROBE_KWARG = "kvscope_probe"  # the model call's keyword that reaches every layer's attention
+ROWS_KWARG = "kvscope_row_by_row"  # the same, for a batch-invariant step
+# The paged call's packing arguments, which the row-by-row path reads or drops before calling sdpa.
+PACKING = ("max_length_q", "max_length_k", "read_index", "write_index", "block_table", "is_causal")
 TOP_K = 8  # positions sent per distribution, with their weights
 BINS = 16  # a coarse histogram over all positions: the weight in each of up to BINS equal spans
 DIGITS = 5  # weights are rounded on the wire: 1e-5 is far below what the page can show
@@ -76,16 +82,32 @@ def make_probe(owners: list[int | None], cu_q: list[int], cu_k: list[int]) -> Pr
 
 
 def attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
-    """transformers' attention signature. Without a probe: sdpa exactly as before."""
+    """transformers' attention signature. Without a probe or ROWS_KWARG: sdpa exactly as before."""
     probe: Probe | None = kwargs.pop(PROBE_KWARG, None)
-    if probe is None:
+    row_by_row = kwargs.pop(ROWS_KWARG, False)
+    if probe is None and not row_by_row:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
     cache = kwargs.pop("cache", None)
     if isinstance(cache, PagedAttentionCache):  # the same update sdpa would make, so we see the keys it reads
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    if row_by_row:
+        return _row_by_row(module, query, key, value, attention_mask, args, kwargs), None
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     probe.capture(query, key, attention_mask, scaling)
     return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+def _row_by_row(module, query, key, value, mask, args: tuple, kwargs: dict) -> torch.Tensor:
+    """sdpa over each row's own keys (paged_step.attend_row_by_row) → [1, T, heads, d]."""
+    cu_q = kwargs.pop("cu_seq_lens_q").tolist()
+    cu_k = kwargs.pop("cu_seq_lens_k").tolist()
+    for name in PACKING:
+        kwargs.pop(name, None)
+
+    def attend(q, keys, values, own_mask):
+        return sdpa_attention_forward(module, q, keys, values, own_mask, *args, is_causal=False, **kwargs)[0]
+
+    return attend_row_by_row(query, key, value, mask, cu_q, cu_k, attend)
 
 
 # ---- the compact form sent on the wire -------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 from model_runner.errors import UserError
 from model_runner.local.config import DECODERS
 from model_runner.local.kv_cache import FULL
-from model_runner.local.model.attention_inspect import IMPLEMENTATION, PROBE_KWARG, register
+from model_runner.local.model.attention_inspect import IMPLEMENTATION, PROBE_KWARG, ROWS_KWARG, register
 from model_runner.local.model.native import NativeLlama, native_support
 from model_runner.local.model.paged_step import Decoder, PagedStep
 
@@ -30,6 +30,8 @@ class TransformersDecoder:
         self.model, self.cache = model, pool.cache
 
     def run(self, step: PagedStep) -> torch.Tensor:
+        if step.row_by_row and not self.inspects():  # only kvscope's sdpa attends row by row
+            self.model.set_attn_implementation(register())
         out = self.model(
             input_ids=step.ids[None],
             position_ids=step.positions[None],
@@ -46,6 +48,7 @@ class TransformersDecoder:
             is_causal=False,
             logits_to_keep=step.keep,  # hidden states sliced before the LM head
             **({PROBE_KWARG: step.probe} if step.probe is not None else {}),
+            **({ROWS_KWARG: True} if step.row_by_row else {}),
         )
         return out.logits[0]
 

@@ -8,7 +8,6 @@ packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +17,7 @@ from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gq
 from transformers.modeling_utils import slice_logits_to_keep
 
 from model_runner.local.kv_cache import FULL
-from model_runner.local.model.paged_step import PagedStep
-from model_runner.local.step import invariant
+from model_runner.local.model.paged_step import PagedStep, attend_row_by_row
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # config.model_type of the decoder layers this step runs (Qwen3: head norms)
 SILU = (SiLUActivation, nn.SiLU)  # transformers' "silu" and "swish": both nn.functional.silu
@@ -141,7 +139,6 @@ class NativeLlama:
         why = native_support(model)
         if why is not None:
             raise ValueError(f"the native decoder cannot run this model: {why}")
-        self.model = model  # the test model's stand-in step time is read from it each step
         base = llama_of(model)
         config, body = base.config, base.model
         self.embed, self.rotary, self.norm, self.head = (
@@ -168,9 +165,6 @@ class NativeLlama:
         return self._attention(step) is not DecodeRows
 
     def run(self, step: PagedStep) -> torch.Tensor:
-        delay = getattr(self.model, "delay_s", 0)
-        if delay:  # the test model stands in for a bigger model's step time
-            time.sleep(delay)
         h = self.embed(step.ids[None])  # [1, T, D]
         # cos, sin [1, T, d]: the model's own rotary module (its scaling rule), once a step
         cos, sin = rotation(*self.rotary(h, position_ids=step.positions[None]))
@@ -186,7 +180,7 @@ class NativeLlama:
         """How this step's queries meet their keys: row by row in batch-invariant mode; each decode row over its
         own gathered keys (DecodeRows: no block-diagonal waste, no key head copied per query head) when the step
         is decode tokens only and nothing is inspected; else the packed batch under its mask."""
-        if invariant.row_by_row_active():
+        if step.row_by_row:
             return ROW_BY_ROW
         return DecodeRows if step.decode_rows and step.probe is None else PACKED
 
@@ -254,21 +248,9 @@ class NativeLlama:
         return out.reshape(batch, -1, tokens, self.head_dim).transpose(1, 2).contiguous()
 
     def _attend_rows(self, q, keys, values, step: PagedStep) -> torch.Tensor:
-        """Batch-invariant attention: each row's queries over its own keys only, at shapes of its own
-        (local/step/invariant.py); a row with no keys (padding) gets zeros."""
-        cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
-        outputs = []
-        for row in range(len(cu_q) - 1):
-            q0, q1, k0, k1 = cu_q[row], cu_q[row + 1], cu_k[row], cu_k[row + 1]
-            if q1 == q0:
-                continue
-            if k1 == k0:
-                outputs.append(q.new_zeros(1, q1 - q0, self.heads, self.head_dim))
-                continue
-            mask = None if q1 - q0 == 1 else step.mask[:, :, q0:q1, k0:k1].contiguous()
-            part = (x[:, :, k0:k1].contiguous() for x in (keys, values))
-            outputs.append(self._attend(q[:, :, q0:q1].contiguous(), *part, mask))
-        return torch.cat(outputs, dim=1)
+        """Batch-invariant attention (PagedStep.row_by_row): each row's queries over its own keys only, at shapes
+        of its own (paged_step.attend_row_by_row); a row with no keys (padding) gets zeros."""
+        return attend_row_by_row(q, keys, values, step.mask, step.cu_q.tolist(), step.cu_k.tolist(), self._attend)
 
 
 class DecodeRows:

@@ -1,11 +1,12 @@
 """The contract between the engine's forwards and its decoders: a `PagedStep` (one packed forward over the
-paged KV pool: the rows' new tokens, their positions, the slots they write and read, their mask) and the
-`Decoder` that runs it — transformers' model call or the native step (local/model/decoders.py)."""
+paged KV pool: the rows' new tokens, their positions, the slots they write and read, their mask, and how its
+queries meet their keys) and the `Decoder` that runs it — transformers' model call or the native step
+(local/model/decoders.py); and `attend_row_by_row`, batch-invariant attention, which both decoders run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -31,6 +32,9 @@ class PagedStep:
     # Every row is one new token after its past and max_k is the longest row's keys (not a padded width):
     # the native step may then attend row by row over gathered keys (local/model/native.py DecodeRows).
     decode_rows: bool = False
+    # Batch-invariant mode (local/step/invariant.py): each row's queries over its own keys alone
+    # (`attend_row_by_row`), so a row's bits do not depend on the rows beside it.
+    row_by_row: bool = False
 
 
 class Decoder(Protocol):
@@ -46,3 +50,36 @@ class Decoder(Protocol):
 
     def needs_mask(self, step: PagedStep) -> bool:  # whether `step` must carry its packed mask
         ...
+
+
+# attend(q [1, heads, t, d], keys [1, kv_heads, k, d], values, mask [1, 1, t, k] or None) → [1, t, heads, d]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def attend_row_by_row(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: list[int],
+    cu_k: list[int],
+    attend: Attend,
+) -> torch.Tensor:
+    """Batch-invariant attention over a packed step: row r's queries (query [1, heads, T, d], at cu_q[r] …)
+    against its own keys only (keys and values [1, kv_heads, K, d], at cu_k[r] …), each sliced out and copied
+    to a tensor of its own, so a row's softmax and its weighted sum of values are taken over the same numbers
+    in the same order whoever shares the step. A row with no keys (the padding of a fixed row count) gets
+    zeros. → [1, T, heads, d]."""
+    heads, head_dim = query.shape[1], query.shape[-1]
+    outputs = []
+    for row in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[row], cu_q[row + 1], cu_k[row], cu_k[row + 1]
+        if q1 == q0:
+            continue
+        if k1 == k0:  # padding: sees nothing, and nothing sees it
+            outputs.append(query.new_zeros(1, q1 - q0, heads, head_dim))
+            continue
+        own = None if q1 - q0 == 1 else mask[:, :, q0:q1, k0:k1].contiguous()
+        part = (x[:, :, k0:k1].contiguous() for x in (keys, values))
+        outputs.append(attend(query[:, :, q0:q1].contiguous(), *part, own))
+    return torch.cat(outputs, dim=1)

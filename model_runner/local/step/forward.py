@@ -20,14 +20,18 @@ from model_runner.loading.loader import LoadedModel
 from model_runner.loading.quantize import kernel_step, mixed_kernel_rows
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.attention_inspect import make_probe
-from model_runner.local.model.decoders import decoder_for
-from model_runner.local.model.paged_step import PagedStep
+from model_runner.local.model.paged_step import Decoder, PagedStep
 from model_runner.local.scheduler import StepPlan, Work
 from model_runner.local.step import prompt_logprobs
 from model_runner.local.step.graphs import DecodeGraphs, graphs_wanted
-from model_runner.local.step.invariant import InvariantSteps
+from model_runner.local.step.invariant import Invariance, InvariantSteps, check_kernels
 from model_runner.local.step.static_step import StaticDecodeStep, is_decode_batch
+from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence
+
+log = logging.getLogger("kvscope.engine")
+
+Forward = Callable[[list[Work]], torch.Tensor]  # the batched forward: [rows that want logits, vocab]
 
 
 def on_kernels(rows: list[Work]) -> bool:
@@ -54,24 +58,23 @@ def _i64(values) -> torch.Tensor:
 
 
 class BatchForward:
-    def __init__(
-        self, model, pool: PagedKVPool, cuda_graphs: str = "auto", invariant_rows: int = 0, decoder: str = "auto"
-    ):
-        """cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
+    def __init__(self, model, pool: PagedKVPool, decoder: Decoder, cuda_graphs: str = "auto", invariant_rows: int = 0):
+        """decoder: what runs each PagedStep (local/model/decoders.py `decoder_for`: native or transformers).
+        cuda_graphs: "auto" (decode steps padded and replayed as CUDA graphs on CUDA, eager elsewhere),
         "off" (eager), "padded" (decode steps padded, no graphs: the CPU's test of the graphs' step).
-        invariant_rows: batch-invariant mode (local/step/invariant.py) with decode rows padded to this many; no graphs.
-        decoder: auto, native or transformers (local/model/decoders.py)."""
-        self.model, self.pool = model, pool
-        self.decoder = decoder_for(model, pool, decoder)
+        invariant_rows: batch-invariant mode (step/invariant.py) with decode rows padded to this many; no graphs,
+        no inspection, every step row by row."""
+        self.model, self.pool, self.decoder = model, pool, decoder
         self.device = model.device
         self.masked = torch.finfo(model.dtype).min
+        self.row_by_row = bool(invariant_rows)
         graphs = graphs_wanted(cuda_graphs, self.device) and not invariant_rows
         padded = graphs or cuda_graphs == "padded" or invariant_rows
-        self.static = StaticDecodeStep(model, pool, decoder=self.decoder) if padded else None
-        self.invariant = InvariantSteps(self, invariant_rows) if invariant_rows else None
+        self.static = StaticDecodeStep(model, pool, decoder, row_by_row=self.row_by_row) if padded else None
+        self.invariant = InvariantSteps(invariant_rows, self._padded, self._eager) if invariant_rows else None
         self.graphs = DecodeGraphs(self.static) if graphs else None
         self.static_steps = 0  # decode steps run padded (replayed or not)
-        self.can_inspect = self.decoder.inspects()
+        self.can_inspect = decoder.inspects() and not invariant_rows
         self.inspected: dict[int, dict] = {}  # id(work) → its attention summary, until taken
         self.steer_logits = getattr(model, "steer_logits", None)  # the test model's script, looked up once
 
@@ -100,7 +103,12 @@ class BatchForward:
         no static step, a prefill or chunk in the batch, an inspected row, or a batch wider than its buffers."""
         if self.static is None or not is_decode_batch(rows) or any(self._inspects(row) for row in rows):
             return None
-        bucket = self.static.fill(rows)
+        return self._padded(rows)
+
+    def _padded(self, rows: list[Work], min_rows: int = 1) -> torch.Tensor | None:
+        """A decode batch in the static step, padded to at least min_rows → logits [len(rows), vocab]; None
+        when the batch does not fit its buffers."""
+        bucket = self.static.fill(rows, min_rows=min_rows)
         if bucket is None:
             return None
         padded = self.graphs.run(bucket) if self.graphs is not None else self.static.run(bucket)
@@ -157,6 +165,7 @@ class BatchForward:
             keep=_i64(logit_rows).to(device),
             probe=probe,
             decode_rows=any_past and max_q == 1,
+            row_by_row=self.row_by_row,
         )
         if self.decoder.needs_mask(step):
             # Block-diagonal causal mask [1, 1, Q, K]: each row sees its own past and earlier new tokens only.
@@ -177,6 +186,27 @@ class BatchForward:
         return self.can_inspect and row.wants_logits and row.seq.params.inspect_attention
 
 
+class Forwards:
+    """The engine's batched forward of each mode, made when the mode is first used, over one decoder: the
+    default, and batch-invariant mode's at the policy's row count then, its kernels checked at it first."""
+
+    def __init__(self, model, pool: PagedKVPool, decoder: Decoder, cuda_graphs: str):
+        self.model, self.pool, self.decoder, self.cuda_graphs = model, pool, decoder, cuda_graphs
+        self.made: dict[bool, BatchForward] = {}
+        self.invariance: Invariance | None = None  # the mode's kernel check, once it was first on
+
+    def of(self, policy: Policy) -> BatchForward:
+        if policy.batch_invariant not in self.made:
+            rows = policy.max_num_seqs if policy.batch_invariant else 0
+            if rows:  # what each kernel on the route gives at the fixed row count
+                self.invariance = check_kernels(self.model, rows)
+                if not self.invariance.claimed:
+                    log.warning("batch-invariant mode: some kernels are not row-independent: %s", self.invariance)
+            forward = BatchForward(self.model, self.pool, self.decoder, self.cuda_graphs, invariant_rows=rows)
+            self.made[policy.batch_invariant] = forward
+        return self.made[policy.batch_invariant]
+
+
 def recompute_forward(model, seq: Sequence) -> torch.Tensor:
     """No KV cache: every position of the request again, the cost the cache saves. → logits [1, vocab]."""
     ids = _i64([seq.tokens]).to(model.device)  # [1, tokens]
@@ -188,12 +218,6 @@ def steer(model, histories: list[list[int]], logits: torch.Tensor) -> torch.Tens
     """Models that script their answer (the test model) bias each row from its token history."""
     hook = getattr(model, "steer_logits", None)
     return hook(histories, logits) if hook is not None else logits
-
-
-log = logging.getLogger("kvscope.engine")
-
-
-Forward = Callable[[list[Work]], torch.Tensor]  # the batched forward: [rows that want logits, vocab]
 
 
 @dataclass

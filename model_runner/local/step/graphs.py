@@ -1,4 +1,4 @@
-"""CUDA graphs of the static decode step (local/step/static_step.py): each bucket's step is captured on first
+"""CUDA graphs of the static decode step (step/static_step.py): each bucket's step is captured on first
 use — one warm-up run on a side stream, the capture into a memory pool all buckets share, one replay —
 and replayed from then on, so a decode step costs one launch instead of hundreds of small kernels launched
 from Python. A bucket whose capture fails runs the static step eagerly from then on (logged, counted):
@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Hashable, Protocol
 
 import torch
 
-from model_runner.local.step.static_step import Bucket, StaticDecodeStep
+from model_runner.local.kv_cache import PagedKVPool
 
 log = logging.getLogger("kvscope.engine")
 
 CUDA_GRAPH_MODES = ("auto", "off", "padded")  # padded: the static step without graphs (the CPU's test path)
+
+
+class Capturable(Protocol):
+    """What the graphs capture (step/static_step.py's StaticDecodeStep): `run(bucket)` is device work only, at
+    the bucket's shapes (a hashable with `rows` and `keys`), over the pool's one cache tensor."""
+
+    pool: PagedKVPool
+
+    def run(self, bucket: Hashable) -> torch.Tensor: ...
 
 
 def graphs_wanted(mode: str, device: torch.device) -> bool:
@@ -28,19 +37,19 @@ def graphs_wanted(mode: str, device: torch.device) -> bool:
 
 
 class DecodeGraphs:
-    """One captured graph per bucket over a StaticDecodeStep; `run(bucket)` after `step.fill(...)`."""
+    """One captured graph per bucket over a static step; `run(bucket)` after `step.fill(...)`."""
 
-    def __init__(self, step: StaticDecodeStep):
+    def __init__(self, step: Capturable):
         self.step = step
-        self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._failed: set[Bucket] = set()
+        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._failed: set[Hashable] = set()
         self._memory = torch.cuda.graph_pool_handle()  # shared by every bucket's graph
         self._cache_ptr = step.pool.cache.cache_tensor.data_ptr()
-        self.capture_ms: dict[Bucket, float] = {}
+        self.capture_ms: dict[Hashable, float] = {}
         self.replays = 0
         self.last_failure: str | None = None
 
-    def run(self, bucket: Bucket) -> torch.Tensor:
+    def run(self, bucket: Hashable) -> torch.Tensor:
         """The bucket's logits [rows, vocab], by replay (captured now if it is new); the static step
         run eagerly when the bucket cannot be captured."""
         self._drop_if_pool_moved()
@@ -60,7 +69,7 @@ class DecodeGraphs:
         self.replays += 1
         return logits
 
-    def _capture(self, bucket: Bucket) -> None:
+    def _capture(self, bucket: Hashable) -> None:
         t0 = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -1,99 +1,29 @@
-"""Batch-invariant decoding (`--batch-invariant`): every forward a request takes runs at shapes set by the
-request alone, so its logits are the same bits whatever else the engine is serving. Decode-shaped rows (one
+"""Batch-invariant decoding (the policy's `batch_invariant`): every forward a request takes runs at shapes set by
+the request alone, so its logits are the same bits whatever else the engine is serving. Decode-shaped rows (one
 token after a stored past) always run together at one fixed row count R, padded; every other row (a prompt,
-a chunk of one) runs in a forward of its own; attention is reduced row by row over the row's own keys. What
-that rests on (a row's result at a fixed row count does not depend on the other rows nor on its place among
-them) is a property of each kernel on the route, checked at start-up by `check_kernels` and reported."""
+a chunk of one) runs in a forward of its own; attention is reduced row by row over the row's own keys (each
+step is a `PagedStep.row_by_row`: local/model/paged_step.py). What that rests on (a row's result at a fixed row
+count does not depend on the other rows nor on its place among them) is a property of each kernel on the
+route, checked when the mode is first switched on by `check_kernels` and reported."""
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.generation.continuous_batching.cache import PagedAttentionCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from model_runner.loading.quantize import QUANTIZED, kernel_step
-from model_runner.local.model.attention_inspect import attention_forward as default_attention_forward
 from model_runner.local.scheduler import Work
 
-IMPLEMENTATION = "kvscope_row_attention"  # the model's attention while an engine runs in the mode
 TRIALS = 2  # random companies per probed row position
 
-# Set around the mode's forwards. The model object may be shared (tests, the speculative experiment on a
-# request's thread): a call outside the mode's forwards runs kvscope's default attention, unchanged.
-_ROW_BY_ROW = contextvars.ContextVar("kvscope_row_by_row", default=False)
-
-
-def register() -> str:
-    """Register the row-by-row attention (with sdpa's mask) with transformers; idempotent."""
-    AttentionInterface.register(IMPLEMENTATION, row_attention_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-    return IMPLEMENTATION
-
-
-def use_row_attention(model) -> None:
-    """Make the model's attention the mode's (a default engine on the same model may have set its own)."""
-    if model.config._attn_implementation != IMPLEMENTATION:
-        model.set_attn_implementation(register())
-
-
-@contextmanager
-def row_by_row():
-    token = _ROW_BY_ROW.set(True)
-    try:
-        yield
-    finally:
-        _ROW_BY_ROW.reset(token)
-
-
-def row_by_row_active() -> bool:
-    """Whether the forward running now is one of the mode's (the native step reads it: local/model/native.py)."""
-    return _ROW_BY_ROW.get()
-
-
-def row_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
-    """transformers' attention signature, over a packed batch of rows: each row's queries against its own
-    keys only (sliced out of the packed keys, copied to a tensor of their own), so a row's softmax and its
-    weighted sum of values are taken over the same numbers in the same order whoever shares the step. A
-    row with no keys (the padding of a fixed row count) gets zeros. Outside the mode's forwards: kvscope's
-    default attention."""
-    if not _ROW_BY_ROW.get():
-        return default_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
-    cache = kwargs.pop("cache", None)
-    if isinstance(cache, PagedAttentionCache):
-        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
-    cu_q = kwargs.pop("cu_seq_lens_q").tolist()
-    cu_k = kwargs.pop("cu_seq_lens_k").tolist()
-    for name in ("max_length_q", "max_length_k", "read_index", "write_index", "block_table", "is_causal"):
-        kwargs.pop(name, None)
-    outputs = []
-    for row in range(len(cu_q) - 1):
-        q0, q1, k0, k1 = cu_q[row], cu_q[row + 1], cu_k[row], cu_k[row + 1]
-        if q1 == q0:
-            continue
-        q = query[:, :, q0:q1].contiguous()
-        if k1 == k0:  # padding: sees nothing, and nothing sees it
-            outputs.append(q.new_zeros(1, q1 - q0, query.shape[1], query.shape[-1]))
-            continue
-        mask = None if q1 - q0 == 1 else attention_mask[:, :, q0:q1, k0:k1].contiguous()
-        out, _ = sdpa_attention_forward(
-            module,
-            q,
-            key[:, :, k0:k1].contiguous(),
-            value[:, :, k0:k1].contiguous(),
-            mask,
-            *args,
-            is_causal=False,
-            **kwargs,
-        )
-        outputs.append(out)
-    return torch.cat(outputs, dim=1), None
+# padded(rows, min_rows) → logits [len(rows), vocab] of a decode batch padded to min_rows (the static step),
+# None when it does not fit the step's buffers
+Padded = Callable[[list[Work], int], "torch.Tensor | None"]
+# alone(rows) → logits [wanting rows, vocab] of rows at their own shapes (the eager forward)
+Alone = Callable[[list[Work]], torch.Tensor]
 
 
 @dataclass
@@ -176,8 +106,8 @@ class InvariantSteps:
     """The mode's dispatch of one engine step: the decode-shaped rows in groups of exactly `rows` (padded by
     the static step), each other row alone (the eager forward over one row), logits back in row order."""
 
-    def __init__(self, forward, rows: int):
-        self.forward, self.rows = forward, rows  # a BatchForward with a static step
+    def __init__(self, rows: int, padded: Padded, alone: Alone):
+        self.rows, self.padded, self.alone = rows, padded, alone
 
     @staticmethod
     def decode_shaped(row: Work) -> bool:
@@ -186,9 +116,7 @@ class InvariantSteps:
 
     def __call__(self, rows: list[Work]) -> torch.Tensor:
         """rows → logits of the rows that want them, in row order ([n_wanting, vocab])."""
-        use_row_attention(self.forward.model)
-        with row_by_row():
-            by_row = self._run(rows)
+        by_row = self._run(rows)
         wanting = [by_row[id(row)] for row in rows if row.wants_logits]
         return torch.stack(wanting) if wanting else torch.empty(0)
 
@@ -198,22 +126,13 @@ class InvariantSteps:
         for start in range(0, len(decodes), self.rows):
             group = decodes[start : start + self.rows]
             with kernel_step():
-                logits = self._padded(group)
+                logits = self.padded(group, self.rows)
+            if logits is None:
+                raise RuntimeError(f"a decode group of {len(group)} rows does not fit the padded step's buffers")
             by_row.update({id(row): logits[i] for i, row in enumerate(group)})
         for row in rows:
             if not self.decode_shaped(row):
-                logits = self.forward._eager([row])
+                logits = self.alone([row])
                 if row.wants_logits:
                     by_row[id(row)] = logits[-1]
         return by_row
-
-    def _padded(self, group: list[Work]) -> torch.Tensor:
-        static = self.forward.static
-        bucket = static.fill(group, min_rows=self.rows)
-        if bucket is None:
-            raise RuntimeError(f"a decode group of {len(group)} rows does not fit the padded step's buffers")
-        logits = static.run(bucket)
-        for row in group:
-            row.seq.cached += 1
-        self.forward.static_steps += 1
-        return logits[: len(group)]

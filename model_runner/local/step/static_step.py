@@ -14,7 +14,6 @@ import torch
 from transformers.generation.continuous_batching.utils import pad_to_pow2
 
 from model_runner.local.kv_cache import FULL, PagedKVPool
-from model_runner.local.model.decoders import decoder_for
 from model_runner.local.model.paged_step import Decoder, PagedStep
 from model_runner.local.scheduler import Work
 
@@ -54,9 +53,9 @@ class StaticDecodeStep:
     """The buffers and the forward of the padded decode step. `fill(rows)` writes a batch's inputs (one
     host-to-device copy) and returns its bucket; `run(bucket)` is the capturable part: the device work only."""
 
-    def __init__(self, model, pool: PagedKVPool, max_rows: int = MAX_ROWS, decoder: Decoder | None = None):
-        decoder = decoder or decoder_for(model, pool)  # none given (a test): auto, as the engine would choose
-        self.model, self.pool, self.decoder = model, pool, decoder
+    def __init__(self, model, pool: PagedKVPool, decoder: Decoder, max_rows: int = MAX_ROWS, row_by_row: bool = False):
+        """row_by_row: batch-invariant mode's steps (PagedStep.row_by_row)."""
+        self.model, self.pool, self.decoder, self.row_by_row = model, pool, decoder, row_by_row
         self.device = model.device
         self.max_rows = pad_to_pow2(max_rows, max_rows)
         self.max_keys = pad_to_pow2(pool.total_blocks * pool.block_size + self.max_rows, 2**40, MIN_KEYS)
@@ -123,5 +122,6 @@ class StaticDecodeStep:
                 write=self._view("write", rows),
                 read=self._view("read", keys),
                 keep=0,  # every row of the bucket wants its next token
+                row_by_row=self.row_by_row,
             )
         )

@@ -62,7 +62,7 @@ const SPEC = /* protocol-json */ {
   },
   "batch_row": ["request", "label", "kind", "tokens", "blocks", "shared_blocks"],
   "kv": ["total", "used", "cached", "free", "block_size", "bytes_per_block"],
-  "policy": ["batching", "max_num_seqs", "max_batch_tokens", "chunked_prefill", "chunk_size", "prefix_caching"],
+  "policy": ["batching", "max_num_seqs", "max_batch_tokens", "chunked_prefill", "chunk_size", "prefix_caching", "batch_invariant"],
   "class_settings": ["paused", "show_prompts", "per_laptop_cap", "rate_per_min", "follow_stage"],
   "class_info": ["class_mode", "join_url", "teacher", "laptops", "settings", "policy", "batch_invariant"],
   "experiments_list": ["busy", "experiments", "name", "title", "available", "why_unavailable"]
