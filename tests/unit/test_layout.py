@@ -114,3 +114,69 @@ def test_no_app_room_imports_another_room():
         if breaks(name, {room})
     }
     assert not offenders, sorted(offenders)
+
+
+# ---- the local engine's floors and every module's length ----------------------------------------------
+
+MAX_LOCAL_FLOORS = (
+    4  # the engine loop on top; step/ and model/ below it; the scheduler, pool and contract at the bottom
+)
+MAX_LINES = 400
+CODE = ("kvscope", "app", "bench", "formulas", "model_runner", "serving_experiments", "scripts")
+
+
+def floors(folder: Path, package: str) -> dict[str, int]:
+    """Each module under `folder` (dotted under `package`) → its floor in the import graph among them: 1 when it
+    imports none of them, else one above the highest it imports (a package's __init__ counts as no floor)."""
+    paths = {
+        ".".join((package, *path.relative_to(folder).with_suffix("").parts)): path
+        for path in sorted(folder.rglob("*.py"))
+        if path.name != "__init__.py"
+    }
+    arrows = {name: {n for n in imported_modules(path) if n in paths and n != name} for name, path in paths.items()}
+    found: dict[str, int] = {}
+
+    def floor_of(name: str, climbing: tuple[str, ...] = ()) -> int:
+        assert name not in climbing, f"an import cycle: {' → '.join((*climbing, name))}"
+        if name not in found:
+            found[name] = 1 + max((floor_of(n, (*climbing, name)) for n in arrows[name]), default=0)
+        return found[name]
+
+    for name in paths:
+        floor_of(name)
+    return found
+
+
+def test_the_local_engine_has_at_most_four_floors():
+    found = floors(ROOT / "model_runner/local", "model_runner.local")
+    assert found["model_runner.local.engine"] == max(found.values()), "the engine loop sits on top"
+    too_high = {name: floor for name, floor in found.items() if floor > MAX_LOCAL_FLOORS}
+    assert not too_high, too_high
+
+
+def long_modules(root: Path, packages: tuple[str, ...]) -> dict[str, int]:
+    """Every module of `packages` under `root` longer than MAX_LINES → its length in lines."""
+    return {
+        str(path.relative_to(root)): lines
+        for package in packages
+        for path in sorted((root / package).rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+
+
+def test_no_module_is_longer_than_400_lines():
+    assert not long_modules(ROOT, CODE)
+
+
+def test_the_old_local_tower_and_a_long_module_would_fail(tmp_path):
+    # local/ was one flat folder nine floors tall (engine → runner → forward → graphs → static_step → decoders →
+    # native → invariant → scheduler), and engine.py grew to 422 lines.
+    tower = ["engine", "runner", "forward", "graphs", "static_step", "decoders", "native", "invariant", "scheduler"]
+    for upper, lower in zip(tower, tower[1:] + [None]):
+        (tmp_path / f"{upper}.py").write_text(f"from old.local.{lower} import x\n" if lower else "x = 1\n")
+    found = floors(tmp_path, "old.local")
+    assert found["old.local.engine"] == 9 > MAX_LOCAL_FLOORS
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local/engine.py").write_text("x = 1\n" * 422)
+    (tmp_path / "local/config.py").write_text("x = 1\n" * MAX_LINES)
+    assert long_modules(tmp_path, ("local",)) == {"local/engine.py": 422}
