@@ -19,6 +19,7 @@ DEFAULTS = {
     "DEVICE": "auto",
     "DTYPE": "auto",
     "CUDA_GRAPHS": engine_defaults.CUDA_GRAPHS,  # "auto" (on CUDA) or "off" (model_runner/local/step/graphs.py)
+    "DECODER": "auto",  # `--decoder`: one of engine_defaults.DECODERS (model_runner/local/model/decoders.py)
     "MAX_QUEUE": engine_defaults.MAX_QUEUE,
     "TIMEOUT_S": engine_defaults.TIMEOUT_S,
     # Security: the address the server listens on. On a loopback address only loopback Host names
@@ -37,7 +38,9 @@ DEFAULTS = {
     # The paged KV pool (None = one full context window) and whether policies may change over HTTP
     # (None = only when listening on loopback).
     "KV_CACHE_MB": None,
-    "POLICY": {},  # scheduling policy changes from the default, e.g. {"max_num_seqs": 1} (see docs/protocol.md)
+    # Scheduling policy changes from the default, e.g. {"max_num_seqs": 1} (see docs/protocol.md); batch-invariant
+    # mode is one of them, {"batch_invariant": true}, as `--batch-invariant` sets it.
+    "POLICY": {},
     "ALLOW_POLICY_CHANGES": None,
     "FEED_TEXT": False,  # prompt/answer text in the engine feed; off unless the teacher says so
     "DRAFT_MODEL": None,  # speculative experiment's draft model (`--draft-model`); None = prompt lookup

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from app.engine_ext import get_engine
+from app.engine_ext import batch_invariance, decoder, get_engine
 from app.model_names import public_source
 from app.protocol import parse_json_object
 from app.security import origin_refusal, policy_changes_allowed
@@ -37,25 +37,9 @@ def model():
             "facts": public_facts(facts) if facts is not None else None,
             "limits": LIMITS,
             "batch_invariant": batch_invariance(engine),
-            "decoder": decoder_of(engine),
+            "decoder": decoder(engine),
         }
     )
-
-
-def batch_invariance(engine) -> dict:
-    """Whether `--batch-invariant` is on and what it rests on (model_runner/local/step/invariant.py); a remote
-    engine's server decides how it batches: off here."""
-    local = getattr(engine, "local", None)
-    return local.batch_invariance() if local is not None and hasattr(local, "batch_invariance") else {"on": False}
-
-
-def decoder_of(engine) -> dict | None:
-    """Which decoder runs the built-in engine's steps (model_runner/local/model/decoders.py); a remote engine's
-    server runs its own, and says nothing about it here."""
-    local = getattr(engine, "local", None)
-    if local is None or not hasattr(local, "decoder"):
-        return {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
-    return local.decoder()
 
 
 @bp.post("/api/prompt")

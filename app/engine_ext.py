@@ -1,10 +1,12 @@
 """Attaches one engine to the app (app.extensions["kvscope_engine"]): the built-in `Engine`, or a
-`RemoteEngine` in front of an OpenAI-compatible server when ENGINE_URL is set; the engine never holds the app."""
+`RemoteEngine` in front of an OpenAI-compatible server when ENGINE_URL is set; the engine never holds the app.
+Also what every door reports of the engine's execution choices (its decoder, batch-invariant mode), for
+either engine: the built-in one says through its declared `LocalControls`, a remote one has neither."""
 
 from __future__ import annotations
 
 import atexit
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, current_app
 
@@ -15,6 +17,8 @@ if TYPE_CHECKING:  # imported late at run time: a test's injected engine needs n
     from model_runner.remote.engine import RemoteEngine
 
 KEY = "kvscope_engine"
+NOT_ON_REMOTE = "batch-invariant mode is a mode of the built-in engine: a remote engine's server decides how it batches"
+REMOTE_DECODER = {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
 
 
 def init_app(app: Flask) -> None:
@@ -38,7 +42,7 @@ def builtin_engine(app: Flask) -> Engine:
             device=app.config["DEVICE"],
             dtype=app.config["DTYPE"],
             cuda_graphs=str(app.config["CUDA_GRAPHS"]),
-            decoder=str(app.config.get("DECODER", "auto")),  # `kvscope serve --decoder`
+            decoder=str(app.config["DECODER"]),
             max_queue=int(app.config["MAX_QUEUE"]),
             timeout_s=float(app.config["TIMEOUT_S"]),
             kv_cache_mb=app.config["KV_CACHE_MB"],
@@ -66,3 +70,16 @@ def remote_engine(app: Flask) -> RemoteEngine:
 def get_engine() -> EngineInterface:
     """The app's engine; what only the built-in engine can do is reached through `.local` (None when remote)."""
     return current_app.extensions[KEY]
+
+
+def batch_invariance(engine: EngineInterface) -> dict[str, Any]:
+    """The batch-invariant mode (the policy's `batch_invariant`) as the engine reports it: `on`, and when on
+    what it rests on; a remote engine's is off, saying why."""
+    local = engine.local
+    return local.batch_invariance() if local is not None else {"on": False, "why_unavailable": NOT_ON_REMOTE}
+
+
+def decoder(engine: EngineInterface) -> dict[str, Any] | None:
+    """Which decoder runs the built-in engine's steps (None while it loads); a remote engine's server runs its own."""
+    local = engine.local
+    return local.decoder() if local is not None else REMOTE_DECODER

@@ -13,11 +13,12 @@ import secrets
 from flask import Blueprint, Flask, Response, current_app, jsonify, redirect, render_template, request
 
 from app.classroom.room import Room, Seat
-from app.engine_ext import get_engine
+from app.engine_ext import NOT_ON_REMOTE, batch_invariance, get_engine
 from app.protocol import parse_json_object
 from app.security import is_loopback, origin_refusal
 from model_runner.errors import UserError
 from model_runner.fields import check_bool
+from model_runner.shared.policy import Policy
 
 log = logging.getLogger(__name__)
 bp = Blueprint("classroom", __name__)
@@ -152,28 +153,9 @@ def class_state():
             "laptops": room.laptops,
             "settings": room.current().to_dict(),
             "policy": get_engine().snapshot()["policy"],
-            "batch_invariant": batch_invariant_state(),
+            "batch_invariant": batch_invariance(get_engine()),
         }
     )
-
-
-# ---- batch-invariant mode (a mode of the built-in engine) ------------------------------------------------
-
-NOT_ON_REMOTE = "batch-invariant mode is a mode of the built-in engine: a remote engine's server decides how it batches"
-
-
-def _mode_switch():
-    """The built-in engine, which can switch the mode; None on a remote engine."""
-    return get_engine().local
-
-
-def batch_invariant_state() -> dict:
-    """The engine's own report of the mode (`on`, and when on `claimed` and what it rests on), as
-    GET /api/model gives it; on a remote engine off, with `why_unavailable`, so the page can say why."""
-    local = _mode_switch()
-    if local is None:
-        return {"on": False, "why_unavailable": NOT_ON_REMOTE}
-    return local.batch_invariance()
 
 
 # ---- the teacher's controls (checked by _only_the_teacher_changes_things) -------------------------------
@@ -192,7 +174,7 @@ def class_settings():
 @bp.post("/api/class/policy")
 def class_policy():
     """The engine's run-time policies, as POST /api/engine/policy, for the teacher on any address."""
-    return jsonify({"policy": get_engine().set_policy(_body()).to_dict()})
+    return jsonify({"policy": _set_policy(_body()).to_dict()})
 
 
 @bp.post("/api/class/cancel-all")
@@ -203,8 +185,8 @@ def class_cancel_all():
 
 @bp.post("/api/class/batch-invariant")
 def class_batch_invariant():
-    """Batch-invariant mode on or off, `{"on": bool}`; the engine refuses it while prefix caching is on.
-    Answers the mode now, and tells every class view on the feed that the teacher switched it."""
+    """Batch-invariant mode on or off, `{"on": bool}`: the policy's `batch_invariant`, set as /api/class/policy
+    sets any policy (refused while prefix caching is on). Answers the mode now."""
     body = _body()
     for name in body:
         if name != "on":
@@ -212,23 +194,28 @@ def class_batch_invariant():
     if "on" not in body:
         raise UserError("`on` is required: true switches batch-invariant mode on, false off", field="on")
     on = check_bool("on", body["on"])
-    local = _mode_switch()
-    if local is None:
+    if get_engine().local is None:  # a remote engine's server schedules: it refuses any policy change
         raise UserError(NOT_ON_REMOTE, field="batch_invariant")
-    get_engine().set_policy(batch_invariant=on)
-    state = local.batch_invariance()
-    log.info("class: the teacher turned batch-invariant mode %s", "on" if on else "off")
-    _tell_the_class_views(state)
-    return jsonify({"batch_invariant": state})
+    _set_policy({"batch_invariant": on})
+    return jsonify({"batch_invariant": batch_invariance(get_engine())})
 
 
-def _tell_the_class_views(state: dict) -> None:
-    """A class_state carrying the mode, to every feed subscriber (the class views): only this control
-    sends one with `batch_invariant`, so a view that sees the mode change knows the teacher changed it."""
-    room = get_room()
-    get_engine().feed.publish(
-        "class_state", laptops=room.laptops, settings=room.current().to_dict(), batch_invariant=state
-    )
+def _set_policy(changes: dict) -> Policy:
+    """The teacher's policy change; one that switches batch-invariant mode is logged and told to every class
+    view on the feed (a class_state carrying the mode: only the teacher's change sends one, so a view that
+    sees the mode change knows the teacher changed it)."""
+    engine = get_engine()
+    policy = engine.set_policy(changes)
+    if "batch_invariant" in changes:
+        log.info("class: the teacher turned batch-invariant mode %s", "on" if policy.batch_invariant else "off")
+        room = get_room()
+        engine.feed.publish(
+            "class_state",
+            laptops=room.laptops,
+            settings=room.current().to_dict(),
+            batch_invariant=batch_invariance(engine),
+        )
+    return policy
 
 
 @bp.post("/api/class/stage")

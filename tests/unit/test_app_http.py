@@ -42,6 +42,8 @@ class Counting:
 
 
 class Unhealthy:
+    local = None  # as a remote engine: no local controls (model_runner/interface.py)
+
     def status(self):
         return {"status": "failed", "reason": "no weights here"}
 

@@ -180,3 +180,15 @@ def test_the_old_local_tower_and_a_long_module_would_fail(tmp_path):
     (tmp_path / "local/engine.py").write_text("x = 1\n" * 422)
     (tmp_path / "local/config.py").write_text("x = 1\n" * MAX_LINES)
     assert long_modules(tmp_path, ("local",)) == {"local/engine.py": 422}
+
+
+def test_the_app_probes_no_engine_with_hasattr():
+    # Every member a door calls is declared on the engine's interface (model_runner/interface.py): the built-in
+    # engine's own controls through `engine.local`, None on a remote one; nothing is found by probing.
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+    ]
+    assert not offenders, offenders

@@ -232,12 +232,12 @@ def test_api_model_says_which_decoder_runs_and_serve_takes_the_flag(shared_engin
 
 
 def test_a_remote_engine_names_no_decoder_of_ours():
-    from app.api import decoder_of
+    from app.engine_ext import decoder
 
     class Remote:
         local = None  # a remote engine's server runs the model (model_runner/remote/)
 
-    assert decoder_of(Remote()) == {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
+    assert decoder(Remote()) == {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
 
 
 def test_serve_refuses_a_decoder_for_a_remote_engine(capsys):
