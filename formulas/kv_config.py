@@ -96,7 +96,8 @@ def _tokens_per_image(r: Reader) -> int | None:
     (transformers MllamaVisionModel.num_patches; the projected states keep every tile of every image)."""
     vision = r.top.get("vision_config")
     if not isinstance(vision, dict):
-        r.error("vision_config", "missing: needed for the cross-attention layers' positions per image")
+        message = "missing or not an object: needed for the cross-attention layers' positions per image"
+        r.errors.append({"field": "vision_config", "message": message})  # a top-level key, not the text part's
         return None
     sub = Reader(vision, r.family)
     sub.prefix = "vision_config."
@@ -315,6 +316,9 @@ def read_config(config: Any) -> dict:
     family, bad_type = _family(config)
     if bad_type:
         return _refused(bad_type["message"], bad_type["field"])
+    refused_family = TABLE["refused_families"]["families"].get(family)
+    if refused_family:
+        return _refused(f"{family}: {refused_family}, so this calculator refuses the file", "model_type")
     r = Reader(config, family)
     _refuse_unread(r)
     _refuse_mla_family(r)

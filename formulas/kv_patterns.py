@@ -14,7 +14,9 @@ TYPE_NAMES = {
     "linear_attention": "linear",
     "mamba": "linear",
 }
-QWEN_WINDOWED = ("qwen2", "qwen3", "qwen3_moe", "qwen3_vl_text")  # transformers: sliding from max_window_layers on
+# transformers Qwen2Config: sliding from max_window_layers on, only with use_sliding_window; MiMo is a Qwen2 model
+# (vLLM models/mimo.py MiMoModel(Qwen2Model)).
+QWEN_WINDOWED = ("qwen2", "qwen3", "qwen3_moe", "qwen3_vl_text", "mimo")
 # transformers RecurrentGemmaConfig.layers_block_type: block_types cycled over the layers, "recurrent" a state
 # layer, "attention" a local (sliding-window) one.
 GRIFFIN_BLOCKS = {"recurrent": "linear", "attention": "sliding"}
@@ -45,7 +47,8 @@ def _from_layer_types(r: Reader, layers: int) -> list[str] | None:
     if bad:
         r.error(
             "layer_types",
-            f"{len(bad):,} unknown entries, the first layer_types[{bad[0]}] = {shown(types[bad[0]])}; "
+            f"{len(bad):,} unknown {'entry' if len(bad) == 1 else 'entries'}, "
+            f"the first layer_types[{bad[0]}] = {shown(types[bad[0]])}; "
             f"known: {', '.join(TYPE_NAMES)}",
         )
         return None

@@ -107,7 +107,7 @@ LINKS = [
                 {"num_hidden_layers": 1, "num_attention_heads": 8, "hidden_size": 512, "layer_types": ["constructor"]}
             ),
         },
-        'layer_types[0]: unknown value "constructor"',
+        'layer_types: 1 unknown entry, the first layer_types[0] = "constructor"',
     ),
 ]
 

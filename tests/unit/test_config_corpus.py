@@ -1,6 +1,6 @@
-"""The config reader against real files: every config.json in tests/data/configs/ (40+ models, 20+ families, each
-copied from a named repository and commit) read into the layer groups, bytes per token and context worked out by
-hand in SOURCES.json; files that set keys the calculator does not model are refused with those keys named."""
+"""The config reader against real files: every config.json in tests/data/configs/ (70+ files, 50+ model types,
+each copied from a named repository and commit) read into the layer groups, bytes per token and context worked out
+by hand in SOURCES.json; files that set keys the calculator does not model are refused with those keys named."""
 
 import json
 import re
@@ -27,9 +27,11 @@ def ids(entry: dict) -> str:
 def test_the_corpus_is_broad_and_every_file_is_listed():
     files = {p.name for p in CORPUS.glob("*.json")} - {"SOURCES.json"}
     assert files == {e["file"] for e in MANIFEST}
+    assert len(MANIFEST) >= 70
+    assert len({e["model_type"] for e in MANIFEST}) >= 50
     read = [e for e in MANIFEST if "refused" not in e["expected"]]
-    assert len(read) >= 40
-    assert len({e["model_type"] for e in read}) >= 20
+    assert len(read) >= 50
+    assert len({e["model_type"] for e in read}) >= 30
 
 
 @pytest.mark.parametrize("entry", MANIFEST, ids=ids)

@@ -82,7 +82,8 @@ function fullHeads(r, heads) {
 function tokensPerImage(r) {
   const vision = own(r.top, 'vision_config');
   if (!isObject(vision)) {
-    r.error('vision_config', "missing: needed for the cross-attention layers' positions per image");
+    // A top-level key, not the text part's.
+    r.errors.push({ field: 'vision_config', message: "missing or not an object: needed for the cross-attention layers' positions per image" });
     return null;
   }
   const sub = new Reader(vision, r.table, r.family);
@@ -269,6 +270,8 @@ export function readConfig(config, table) {
   if (text !== undefined && text !== null && !isObject(text)) return refused('text_config must be an object');
   const [family, badType] = familyOf(config);
   if (badType) return refused(badType.message, badType.field);
+  const refusedFamily = own(table.refused_families.families, family);
+  if (refusedFamily) return refused(`${family}: ${refusedFamily}, so this calculator refuses the file`, 'model_type');
   const r = new Reader(config, table, family);
   refuseUnread(r);
   refuseMlaFamily(r);

@@ -8,7 +8,8 @@ const TYPE_NAMES = new Map([
   ['full_attention', 'full'], ['attention', 'full'], ['sliding_attention', 'sliding'], ['chunked_attention', 'chunked'],
   ['linear_attention', 'linear'], ['mamba', 'linear'],
 ]);
-const QWEN_WINDOWED = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen3_vl_text'];
+// Qwen2Config's windows; MiMo is a Qwen2 model (vLLM models/mimo.py MiMoModel(Qwen2Model)).
+const QWEN_WINDOWED = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen3_vl_text', 'mimo'];
 // transformers RecurrentGemmaConfig.layers_block_type: block_types cycled over the layers.
 const GRIFFIN_BLOCKS = new Map([['recurrent', 'linear'], ['attention', 'sliding']]);
 const GRIFFIN_DEFAULT = ['recurrent', 'recurrent', 'attention'];
@@ -38,7 +39,7 @@ function fromLayerTypes(r, layers) {
   const bad = [];
   types.forEach((t, i) => { if (typeof t !== 'string' || !TYPE_NAMES.has(t)) bad.push(i); });
   if (bad.length) {
-    r.error('layer_types', `${fmt(bad.length)} unknown entries, the first layer_types[${bad[0]}] = ${shown(types[bad[0]])}; `
+    r.error('layer_types', `${fmt(bad.length)} unknown ${bad.length === 1 ? 'entry' : 'entries'}, the first layer_types[${bad[0]}] = ${shown(types[bad[0]])}; `
       + `known: ${[...TYPE_NAMES.keys()].join(', ')}`);
     return null;
   }

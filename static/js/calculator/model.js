@@ -45,14 +45,57 @@ export function relevantConfig(config, table) {
   const out = pick(config, keys);
   const text = own(config, 'text_config');
   if (isObject(text)) out.text_config = pick(text, keys);
+  else if (text !== undefined && text !== null) out.text_config = text; // kept, so the reader refuses it as the file has it
   return out;
+}
+
+const NON_FINITE = { NaN, Infinity, '-Infinity': -Infinity };
+const MARK = '\u0000kvscope-non-finite:'; // as parsed; written into the text escaped, a NUL not being allowed raw
+
+// JSON text as Python's json module reads it: bare NaN, Infinity and -Infinity (which transformers writes, e.g.
+// Nemotron-H's time_step_limit) become those numbers; everything else as JSON.parse reads it.
+export function parseJson(text) {
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    const marked = markNonFinite(text);
+    if (marked === text) throw err;
+    try {
+      return JSON.parse(marked, (_, v) => (typeof v === 'string' && v.startsWith(MARK) ? NON_FINITE[v.slice(MARK.length)] : v));
+    } catch {
+      throw err; // the first complaint names the text as written
+    }
+  }
+}
+
+// The bare non-finite tokens outside strings, each replaced by a marked string.
+function markNonFinite(text) {
+  let out = '';
+  let from = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (inString) {
+      if (c === '\\') i += 1;
+      else if (c === '"') inString = false;
+      continue;
+    }
+    if (c === '"') { inString = true; continue; }
+    const token = ['-Infinity', 'Infinity', 'NaN'].find((t) => text.startsWith(t, i));
+    if (token) {
+      out += `${text.slice(from, i)}"\\u0000kvscope-non-finite:${token}"`;
+      i += token.length - 1;
+      from = i + 1;
+    }
+  }
+  return from ? out + text.slice(from) : text;
 }
 
 // {config, error}: text to a config object, or a message naming what is wrong with it.
 export function parseConfigText(text, table) {
   let value;
   try {
-    value = JSON.parse(text);
+    value = parseJson(text);
   } catch (err) {
     return { config: null, error: { field: 'config.json', message: `not valid JSON (${err.message})` } };
   }
