@@ -433,6 +433,8 @@ IDEAS = [
     ("#stage-cache", "about 150 MiB"),
     ("#stage-cache", "about 4.7 GiB"),
     ("#stage-end", "Fluent is not correct"),
+    ("#stage-cache", "not a database of verified facts"),
+    ("#stage-cache", "no guarantee that the model read those positions correctly"),
 ]
 
 
@@ -487,3 +489,30 @@ def test_the_shipped_roofline_draws_no_verdict_its_floors_cannot_carry(page, fak
     expect(panel.locator(".sv-floor-check")).to_contain_text("These floors fail their own check")
     expect(panel.locator(".sv-verdicts .sv-not-carried")).to_have_count(len(ROOF["points"]))
     expect(panel.locator(".sv-verdicts .sv-verdict.sv-num")).to_have_count(0)
+
+
+def test_the_chunked_price_counts_slow_gaps_in_both_runs_by_one_threshold(page, fake_server):
+    open_page(page, fake_server, "#serving-chunked")
+    runs = SERVING["experiments"]["chunked_prefill"]["result"]["runs"]
+    threshold = 1.5 * statistics.median(runs["off"]["gaps_ms"][0])
+    off, on = (sum(g > threshold for g in runs[m]["gaps_ms"][0]) for m in ("off", "on"))
+    text = serving_step(page, "chunked")
+    assert "The one long stall became" not in text
+    assert f"the unchunked run had {off}, its stall among them, and the chunked run {on}" in text
+    # the two runs' kernels are said: chunks beside decodes on int4, the whole prompt on float32
+    assert "compares two kernels as well as two schedules" in text
+
+
+def test_the_open_question_sentence_gives_the_recordings_own_counts(page, fake_server):
+    open_page(page, fake_server, "#serving-speculative")
+    case = next(c for c in SPEC["cases"] if c["kind"] == "open")
+    proposing = sum(1 for s in case["steps"] if s["proposed"])
+    text = serving_step(page, "speculative")
+    assert "gives it nothing to copy" not in text
+    assert (
+        f"prompt lookup proposed {case['proposed']} tokens in {proposing} of its {len(case['steps'])} steps"
+        f" on the open question, and {case['accepted']} {'was' if case['accepted'] == 1 else 'were'} accepted" in text
+    )
+    # "2 of 2": the count found is measured, the cases the run was given are a setting
+    claim = page.locator('#serving-speculative [data-claim="speculative-same"]')
+    expect(claim.locator(".sv-setting")).to_have_text(str(len(SPEC["cases"])))

@@ -279,9 +279,12 @@ ROOF_BODY = """
     why_batch: { machine: { device }, result: { roofline: { route, held_by_roof: 0.5, peak_flops_s: 1e11,
       bandwidth_bytes_s: 2.5e10, ridge_intensity: 4, points: [
         { phase: 'prefill', tokens: 36, intensity: 30, kernel_ms: 60, memory_ms: 20, step_ms: 100, share: 0.6,
-          verdict: 'v', kernel: 'float32 GEMM', ...prefill },
+          verdict: 'v', kernel: 'float32 GEMM', held_by: 'kernel', steps_measured: 3, ...prefill,
+          held_by_median: prefill.held_by_median || prefill.held_by || 'kernel' },
+        // evidence that carries a verdict: enough steps, the same verdict at the median step
         { phase: 'decode', batch: 1, intensity: 1, kernel_ms: 8, memory_ms: 3, step_ms: 10, share: 0.8,
-          kernel_bandwidth_share: 0.1, held_by: 'kernel', verdict: 'v', ...decode }] } } } } });
+          kernel_bandwidth_share: 0.1, held_by: 'kernel', verdict: 'v', steps_measured: 3, ...decode,
+          held_by_median: decode.held_by_median || decode.held_by || 'kernel' }] } } } } });
 """
 
 
@@ -309,6 +312,20 @@ def test_the_unpacking_sentence_needs_a_quantized_route_and_names_the_device(js)
               facts['decode-device'], on('int4', '').decodeArithmetic];"""
     )
     assert got == [True, "CPU", False, ["GPU", "setting"], False]
+
+
+def test_a_decode_sentence_needs_its_evidence(js):
+    got = js(
+        ROOF_BODY
+        + """
+      const f = (d) => { const r = context.roofFacts(roofServing(d)); return [r.decodeArithmetic, r.decodeVerdict]; };
+      return [f({}), f({ held_by_median: 'overhead' }), f({ steps_measured: 2 }), f({ kernel_ms: 11 })];"""
+    )
+    carried, mixed, few, above = got
+    assert carried == [True, "v"]
+    assert mixed[0] is False and "the evidence is mixed" in mixed[1]
+    assert few[0] is False and "too few steps" in few[1]
+    assert above[0] is False and "floors fail their own check" in above[1]  # a floor above its step
 
 
 def test_the_prefill_share_is_its_kernels_share_of_the_step(js):

@@ -88,6 +88,12 @@ def test_candidate_fields_match():
     assert SPEC["candidate"] == _fields(events.Candidate)
 
 
+def test_mask_fields_match():
+    from model_runner.shared.constraints import MaskFacts
+
+    assert SPEC["mask"] == _fields(MaskFacts)
+
+
 def test_the_terminal_set_matches():
     assert set(SPEC["terminal"]) == set(events.TERMINAL_TYPES)
     assert len(SPEC["terminal"]) == len(set(SPEC["terminal"]))
@@ -199,7 +205,7 @@ def test_every_server_name_the_scripts_read_is_declared():
     the static data the page loads (the calculator's golden cases; the shipped trace's request and
     prompt, but not its events or model facts, which protocol.js alone declares: a recording made
     before a rename must not vouch for the old name)."""
-    declared = set(SPEC["common"]) | set(SPEC["candidate"]) | set(SPEC["model"]) | set(SPEC["budget"])
+    declared = set(SPEC["common"]) | set(SPEC["candidate"]) | set(SPEC["mask"]) | set(SPEC["model"]) | set(SPEC["budget"])
     declared |= set(SPEC["metrics"]) | {f for fields in SPEC["events"].values() for f in fields}
     declared |= {f for fields in SPEC["feed"].values() for f in fields} | set(SPEC["batch_row"]) | set(SPEC["kv"])
     for group in ("policy", "class_settings", "class_info", "experiments_list"):

@@ -209,23 +209,28 @@ export function chunkedClaim(result) {
   if (![a.total, b.total, a.ttft, b.ttft, a.longest, b.longest].every(Number.isFinite)) return null;
   const decodersPaid = b.total > a.total * (1 + SAME_WITHIN);
   const longPaid = b.ttft > a.ttft * (1 + SAME_WITHIN);
-  const slowed = b.gaps.filter((g) => g > 1.5 * median(a.gaps)).length;
+  // one threshold for both runs: a gap over 1.5 times the unchunked run's median gap
+  const over = (gaps) => gaps.filter((g) => g > 1.5 * median(a.gaps)).length;
+  const slowed = over(b.gaps);
+  const before = over(a.gaps);
   const parts = ['Here the longest gap went from ', [formatMs(a.longest), 'measured'], ' to ', [formatMs(b.longest), 'measured'],
     b.longest < a.longest ? ', the stall the cure is for. ' : ': chunking did not shorten it in this run. '];
   parts.push('The long prompt\'s own time to first token went from ', [formatMs(a.ttft), 'measured'], ' to ',
     [formatMs(b.ttft), 'measured'], ' (', [change(b.ttft, a.ttft), 'computed'], '), and the decoders\' gaps added up to ',
     [formatMs(b.total), 'computed'], ' against ', [formatMs(a.total), 'computed'], ' (', [change(b.total, a.total), 'computed'], ')');
   if (decodersPaid && longPaid) {
-    parts.push(': both paid. The one long stall became ', [formatInt(slowed), 'computed'],
-      ' gaps of more than ', ['1.5', 'setting'], ' times the unchunked run\'s median, each step beside a chunk doing that chunk\'s work too.');
+    parts.push(': both paid. Counting the gaps of more than ', ['1.5', 'setting'], ' times the unchunked run\'s median in each run, the ',
+      'unchunked run had ', [formatInt(before), 'computed'], ', its stall among them, and the chunked run ', [formatInt(slowed), 'computed'],
+      ', each step beside a chunk doing that chunk\'s work too.');
   } else if (decodersPaid) {
-    parts.push(': the decoders paid, in ', [formatInt(slowed), 'computed'], ' gaps of more than ', ['1.5', 'setting'], ' times the unchunked run\'s median.');
+    parts.push(': the decoders paid, in ', [formatInt(slowed), 'computed'], ' gaps of more than ', ['1.5', 'setting'],
+      ' times the unchunked run\'s median, against ', [formatInt(before), 'computed'], ' in the unchunked run.');
   } else if (longPaid) {
     parts.push(': the price fell on the long prompt, not on the decoders.');
   } else {
     parts.push(': in this run neither paid more than ', [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], '.');
   }
-  return { id: 'chunked-price', decodersPaid, longPaid, parts };
+  return { id: 'chunked-price', decodersPaid, longPaid, over: { off: before, on: slowed }, parts };
 }
 
 // ---- prefix caching: what the skipped prefill bought ----------------------------------------------------
@@ -299,13 +304,25 @@ export function speculativeClaim(result, source = 'recorded') {
   const cases = (result && result.cases) || [];
   if (!cases.length || cases.some((c) => typeof c.identical !== 'boolean')) return null;
   const same = cases.filter((c) => c.identical).length;
-  const parts = [`${runWords(source, 'this')} `, [`${formatInt(same)} of ${formatInt(cases.length)}`, 'measured'],
+  const parts = [`${runWords(source, 'this')} `, [formatInt(same), 'measured'], ' of ', [formatInt(cases.length), 'setting'],
     same === cases.length ? ' speculative texts matched the plain run\'s token for token.'
       : ' speculative texts matched the plain run\'s token for token; the others differ, as rounding allows.'];
   return { id: 'speculative-same', same, parts };
 }
 
+// What prompt lookup did on the open question: how many of its steps proposed anything, how many tokens,
+// and how many of them were accepted (the recording's own counts, not a general rule).
+export function speculativeOpenClaim(result, source = 'recorded') {
+  const open = ((result && result.cases) || []).find((c) => c.kind === 'open');
+  if (!open || !Array.isArray(open.steps)) return null;
+  const proposing = open.steps.filter((s) => (Array.isArray(s.proposed) ? s.proposed.length : s.proposed) > 0).length;
+  const parts = [`${runWords(source, 'this')} prompt lookup proposed `, [formatInt(open.proposed), 'measured'], ' tokens in ',
+    [formatInt(proposing), 'measured'], ' of its ', [formatInt(open.steps.length), 'measured'], ' steps on the open question, and ',
+    [formatInt(open.accepted), 'measured'], open.accepted === 1 ? ' was accepted.' : ' were accepted.'];
+  return { id: 'speculative-open', proposing, parts };
+}
+
 // ---- every claim of the chapter, by the experiment it reads ----------------------------------------------
 
 export const CLAIMS = { why_batch: [whyBatchClaim, roofBatchClaim, roofPrefillClaim], chunked_prefill: [chunkedClaim], prefix_caching: [prefixClaim],
-  speculative: [speculativeClaim], paged_blocks: [pagedClaim] };
+  speculative: [speculativeClaim, speculativeOpenClaim], paged_blocks: [pagedClaim] };

@@ -52,7 +52,11 @@ export function loadText(loads) {
   return loads.map((l) => formatFixed(l, 2)).join(' → ');
 }
 
-function partingParts(p) {
+// Routes whose decode matmuls round their inputs to bfloat16 (model_runner/loading/quantize.py MM_DTYPE).
+const BFLOAT16_INPUTS = ['int4', 'int8'];
+const BFLOAT16_BITS = 8; // significant bits of a bfloat16 (7 stored, 1 implied): a step is 2^-8 to 2^-7 of the value
+
+function partingParts(p, route) {
   const a = p.alone.logit_gap;
   const b = p.batched.logit_gap;
   const otherWay = Math.sign(a) !== Math.sign(b);
@@ -61,10 +65,16 @@ function partingParts(p) {
     ' apart in logits alone and ', [formatFixed(Math.abs(b), 4), 'computed'],
     otherWay ? ' apart the other way in the batch' : ' apart in the batch'];
   if (Math.max(Math.abs(a), Math.abs(b)) < NEAR_TIE) {
-    parts.push(': a near-tie (under ', [formatFixed(NEAR_TIE, 1), 'setting'], ' logits), tipped by a changed sum.');
-  } else {
-    parts.push('.');
+    parts.push(': a near-tie (under ', [formatFixed(NEAR_TIE, 1), 'setting'], ' logits), tipped by a changed sum');
   }
+  if (BFLOAT16_INPUTS.includes(route)) {
+    // a swing of hundredths of a logit is far more than float32 rounding moves a sum: the bfloat16 inputs amplify it
+    parts.push('. The gap moved by ', [formatFixed(Math.abs(a - b), 4), 'computed'], ' logits, far more than a float32 sum '
+      + 'moves in its last bits: on the ', [route, 'setting'], ' route each decode matmul rounds its inputs to bfloat16 (',
+    [formatInt(BFLOAT16_BITS), 'setting'], ' significant bits), so a sum that changed in its last bits can round to the next '
+      + 'bfloat16 value, a step of ', [`${formatFixed(100 / 2 ** BFLOAT16_BITS, 1)} to ${formatFixed(200 / 2 ** BFLOAT16_BITS, 1)} %`,
+      'computed'], ' of its size, and the layers after carry that step forward.');
+  } else parts.push('.');
   return parts;
 }
 
@@ -85,14 +95,14 @@ function sumsParts(run, bits) {
 }
 
 // The first sentence: what the default route did with the batch.
-export function defaultClaim(result) {
+export function defaultClaim(result, machine = {}) {
   const run = result?.runs?.default;
   if (!run) return null;
   const { same, of } = agreement(run);
-  const parts = ['In this run, on the default route, ', [formatInt(same), 'measured'], ' of ', [formatInt(of), 'measured'],
+  const parts = ['In this run, on the default route, ', [formatInt(same), 'measured'], ' of ', [formatInt(of), 'setting'],
     ' answers came back from the batch as they were alone'];
   const p = run.first_parting;
-  if (p && Number.isFinite(p.alone?.logit_gap) && Number.isFinite(p.batched?.logit_gap)) parts.push(...partingParts(p));
+  if (p && Number.isFinite(p.alone?.logit_gap) && Number.isFinite(p.batched?.logit_gap)) parts.push(...partingParts(p, machine.route));
   else parts.push('.');
   parts.push(...sumsParts(run, sameBits(run)));
   return { id: 'invariance-default', parts };
@@ -117,7 +127,7 @@ export function modeClaim(result, machine = {}, recordedOn = null) {
   if (!run || !base) return null;
   const { same, of } = agreement(run);
   const bits = sameBits(run);
-  const parts = ['With the mode on, ', [formatInt(same), 'measured'], ' of ', [formatInt(of), 'measured'],
+  const parts = ['With the mode on, ', [formatInt(same), 'measured'], ' of ', [formatInt(of), 'setting'],
     ' answers were the lone ones'];
   if (bits.compared && bits.exact) {
     parts.push(bits.same === bits.compared ? ', every token\'s probability the same to the last bit'

@@ -82,7 +82,11 @@ function modeColumn(parent, name, title, run) {
   html('p', { cls: 'sv-sub', text: title, parent: col });
   const { same, of } = agreement(run);
   const line = html('p', { cls: 'sv-note', parent: col });
-  value(line, `${formatInt(same)} of ${formatInt(of)}`, 'measured').dataset.key = `${name}-same`;
+  const count = html('span', { parent: line }); // "6 of 8": a count measured, of the requests the run set
+  count.dataset.key = `${name}-same`;
+  value(count, formatInt(same), 'measured');
+  count.append(' of ');
+  setting(count, formatInt(of));
   line.append(' batched answers were the lone ones');
   table(col, {
     head: ['request', 'batched answer'],
@@ -93,7 +97,7 @@ function modeColumn(parent, name, title, run) {
   table(col, {
     head: ['', 'median step', 'tokens/s'],
     rows: ['alone', 'batched'].map((where) => [where, [formatMs(run.step_ms_median[where]), 'measured'],
-      [rateText(run.tokens_per_s[where]), 'measured']]),
+      [rateText(run.tokens_per_s[where]), 'computed']]), // tokens over a measured time: worked out, not read
   });
 }
 

@@ -39,6 +39,7 @@ const SPEC = /* protocol-json */ {
   },
   "terminal": ["finished", "cancelled", "error"],
   "candidate": {"id": "int", "text": "str", "prob": "num"},
+  "mask": {"allowed": "int", "first_allowed": "bool"},
   "model": ["name", "device", "device_name", "dtype", "layers", "attention_heads", "kv_heads", "head_dim",
             "bytes_per_element", "params", "context_window", "vocab_size", "weights_bytes", "kv_bytes_per_token",
             "weights_dtype", "quantization", "kv_dtype", "dtype_route", "dtype_reason", "cost_shape"],

@@ -1,0 +1,151 @@
+"""docs/performance.md states the present: every figure it quotes under "The figures the shipped recordings
+hold" is recomputed here from the shipped recording it names and must appear as written; the older runs it
+does not quote live in the dated history file it links."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from serving_experiments.evidence import floor_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs/performance.md").read_text(encoding="utf-8")
+HISTORY = ROOT / "docs/history/2026-12-02-performance.md"
+
+pytestmark = pytest.mark.unit
+
+
+def load(name: str) -> dict:
+    return json.loads((ROOT / "static/data" / name).read_text(encoding="utf-8"))
+
+
+def pct_change(after: float, before: float) -> str:
+    r = after / before - 1
+    return f"{'+' if r >= 0 else '−'}{abs(r) * 100:.0f} %"
+
+
+def figures() -> dict[str, str]:
+    """Every figure the page quotes, worked out from the shipped recordings, as the page writes it."""
+    serving = load("serving-trace.json")
+    ex = {name: body["result"] for name, body in serving["experiments"].items()}
+    wb = ex["why_batch"]["points"]
+    median_agg = [p["batch"] * 1000 / p["step_ms_median"] for p in wb]
+    roof = ex["why_batch"]["roofline"]
+    decodes = {p["batch"]: p for p in roof["points"] if p["phase"] == "decode"}
+    prefill = next(p for p in roof["points"] if p["phase"] == "prefill")
+    top = decodes[max(decodes)]
+    outside = top["step_ms"] - max(top["kernel_ms"], top["memory_ms"])
+    pricing, fit = ex["pricing"], ex["attention_cost"]["fit"]
+    steps = {p["cached_positions"]: p["step_ms"] for p in ex["attention_cost"]["points"]}
+    ch = ex["chunked_prefill"]
+    runs = ch["runs"]
+    threshold = 1.5 * statistics.median(runs["off"]["gaps_ms"][0])
+    over = {m: sum(g > threshold for g in runs[m]["gaps_ms"][0]) for m in ("off", "on")}
+    inv = load("invariance-trace.json")["experiment"]["result"]["runs"]
+    trace = load("trace-example.json")
+    tokens = [e for e in trace["events"] if e["type"] == "token"]
+    pre = next(e for e in trace["events"] if e["type"] == "prefill_end")
+    return {
+        "why_rows": "\n".join(
+            f"| {p['batch']} | {p['step_ms']:.1f} ms | {p['step_ms_median']:.1f} ms | {p['aggregate_tps']:.1f} | {m:.1f} |"
+            for p, m in zip(wb, median_agg)
+        ),
+        "fast_change": f"{wb[-2]['aggregate_tps']:.1f} to {wb[-1]['aggregate_tps']:.1f} tok/s, "
+        + pct_change(wb[-1]["aggregate_tps"], wb[-2]["aggregate_tps"]),
+        "median_change": f"{median_agg[-2]:.1f} to {median_agg[-1]:.1f} tok/s, "
+        + pct_change(median_agg[-1], median_agg[-2]),
+        "bandwidth": f"{roof['bandwidth_bytes_s'] / 1e9:.1f}",
+        "peak": f"{roof['peak_flops_s'] / 1e9:.0f}",
+        "floor_rows": "\n".join(
+            f"| {name} | {p['kernel_ms']:.1f} ms | {p['memory_ms']:.1f} ms | {p['step_ms']:.1f} ms |"
+            for name, p in [(f"prefill, {prefill['tokens']} tokens", prefill)]
+            + [(f"decode, batch {b}", decodes[b]) for b in sorted(decodes)]
+        ),
+        "one": f"{decodes[1]['kernel_ms']:.1f}",
+        "two": f"{decodes[2]['kernel_ms']:.1f}",
+        "outside": f"{outside:.1f}",
+        "top": f"{top['step_ms']:.1f}",
+        "outside_share": f"{outside / top['step_ms'] * 100:.0f}",
+        "pricing_prompt": f"{pricing['prompt_tokens']}",
+        "pricing_new": f"{pricing['new_tokens']}",
+        "prefill_tok": f"{pricing['prefill_ms_per_token']:.2f}",
+        "decode_tok": f"{pricing['decode_ms_per_token']:.1f}",
+        "ratio": f"{pricing['decode_ms_per_token'] / pricing['prefill_ms_per_token']:.1f}",
+        "intercept": f"{fit['intercept_ms']:.1f}",
+        "slope": f"{fit['slope_us_per_1k_positions'] / 1000:.1f}",
+        "s1024": f"{steps[1028.0]:.1f}",
+        "s512": f"{steps[516.0]:.1f}",
+        "chunk": f"{ch['chunk_size']}",
+        "long": f"{ch['long_prompt_tokens']}",
+        "gap_off": f"{runs['off']['max_gap_ms']:.0f}",
+        "gap_on": f"{runs['on']['max_gap_ms']:.0f}",
+        "ttft_off": f"{runs['off']['long_ttft_ms']:,.0f}",
+        "ttft_on": f"{runs['on']['long_ttft_ms']:,.0f}",
+        "over_off": f"{over['off']}",
+        "over_on": f"{over['on']}",
+        "inv_da": f"{inv['default']['step_ms_median']['alone']:.1f}",
+        "inv_db": f"{inv['default']['step_ms_median']['batched']:.1f}",
+        "inv_ia": f"{inv['invariant']['step_ms_median']['alone']:.1f}",
+        "inv_ib": f"{inv['invariant']['step_ms_median']['batched']:.1f}",
+        "inv_same_d": f"{sum(r['same_answer'] for r in inv['default']['requests'])}",
+        "inv_same_i": f"{sum(r['same_answer'] for r in inv['invariant']['requests'])}",
+        "trace_prompt": f"{pre['tokens']}",
+        "trace_pre": f"{pre['ms']:.1f}",
+        "trace_step": f"{statistics.median(t['step_ms'] for t in tokens[1:]):.1f}",
+        "trace_tokens": f"{len(tokens)}",
+    }
+
+
+# Each figure in the sentence that quotes it, as the page writes it.
+QUOTED = [
+    "{why_rows}",
+    "fell from batch 8 to 16 ({fast_change})",
+    "by the median they rose\n({median_change})",
+    "**{bandwidth} GB/s**",
+    "**{peak} GFLOP/s**",
+    "{floor_rows}",
+    "the 2-row floor ({two} ms) is below the 1-row floor ({one} ms)",
+    "{outside} ms of the {top} ms step\n({outside_share} %)",
+    "{pricing_prompt} prompt tokens, {pricing_new} new): **{prefill_tok} ms**",
+    "**{decode_tok} ms** a decode token, a ratio of **{ratio}**",
+    "**{intercept} ms** with no cache and **{slope} ms** more per 1,000",
+    "(the 1,028-position step, {s1024} ms, is\nfaster than the 516-position one, {s512} ms)",
+    "chunks of {chunk} tokens, a {long}-token prompt",
+    "**{gap_off} ms** to **{gap_on} ms**",
+    "from **{ttft_off} ms** to **{ttft_on} ms**",
+    "**{over_off}** without chunking, **{over_on}** with it",
+    "**{inv_da} ms** alone and **{inv_db} ms** in the batch by default, **{inv_ia} ms** and\n**{inv_ib} ms**",
+    "{inv_same_d} of 8 batched answers were the lone ones by default, {inv_same_i}\nof 8",
+    "{trace_prompt} prompt tokens): prefill **{trace_pre} ms**",
+    "the median decode step **{trace_step} ms** over its {trace_tokens} tokens",
+]
+
+
+@pytest.mark.parametrize("sentence", QUOTED)
+def test_each_quoted_figure_is_the_shipped_recordings(sentence):
+    assert sentence.format(**figures()) in DOC
+
+
+def test_the_floors_the_page_says_fail_do_fail():
+    roof = load("serving-trace.json")["experiments"]["why_batch"]["result"]["roofline"]
+    assert floor_problems(roof["points"]) and "These floors fail their own check" in DOC
+
+
+def test_the_recordings_machine_and_decoder_are_the_files_own():
+    for name in ("serving-trace.json", "invariance-trace.json", "trace-example.json"):
+        on = load(name)["recorded_on"]
+        assert on["decoder"] == "transformers' forward" and "**transformers' forward**" in DOC
+        assert on["cpu_capability"] == "AVX512" and on["machine"].startswith("Intel(R) Xeon(R) Processor")
+    on = load("serving-trace.json")["recorded_on"]
+    assert on["date"].startswith("2026-12-01T23:35") and "**2026-12-01 at 23:35 UTC**" in DOC
+    assert f"**{on['load_1m']}**" in DOC and f"**{on['load_1m_end']}**" in DOC
+
+
+def test_the_superseded_runs_are_dated_history_the_page_links():
+    assert HISTORY.exists() and "history/2026-12-02-performance.md" in DOC
+    text = HISTORY.read_text(encoding="utf-8")
+    assert text.startswith("# History:") and "superseded" in text.split("\n\n")[1]
