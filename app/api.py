@@ -12,8 +12,8 @@ from app.engine_ext import batch_invariance, decoder, get_engine
 from app.model_names import public_source
 from app.protocol import parse_json_object
 from app.security import origin_refusal, policy_changes_allowed
-from model_runner.errors import UserError
-from model_runner.request import LIMITS, parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import LIMITS, parse_generate
 
 bp = Blueprint("api", __name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from flask import Flask, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 # Any code not listed answers 400: the request itself is at fault (`invalid_request`, `invalid_json`, …).
 STATUS = {

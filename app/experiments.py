@@ -13,7 +13,7 @@ from flask import Blueprint, current_app, jsonify, request
 from app.engine_ext import get_engine
 from app.protocol import parse_json_object
 from app.security import origin_refusal, policy_changes_allowed
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from serving_experiments.harness import parse_params
 from serving_experiments.registry import EXPERIMENTS, Experiment, experiment
 

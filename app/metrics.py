@@ -22,7 +22,7 @@ from app.engine_ext import KEY as ENGINE_KEY
 from app.model_names import model_ids
 from app.outcomes import FINISH_REASONS
 from model_runner.interface import EngineInterface
-from model_runner.metrics import request_metrics
+from model_runner.protocol.metrics import request_metrics
 
 KEY = "kvscope_metrics"
 LABELS = ["model_name"]

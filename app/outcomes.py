@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runner.events import Event
+from model_runner.protocol.events import Event
 
 # The engine's `finished` reason → OpenAI's finish_reason; a timeout (absent here) counts as `length`.
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}

@@ -7,9 +7,9 @@ import json
 import re
 from typing import Any
 
-from model_runner.errors import UserError
-from model_runner.events import Error
-from model_runner.fields import json_repr
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Error
+from model_runner.protocol.fields import json_repr
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,64}\Z")
 

@@ -239,7 +239,7 @@ def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quali
 
 def _token_ids(engine) -> Callable[[dict], list[int]]:
     """A generate payload -> the token ids the engine's chat template gives it: what each anchor is sent."""
-    from model_runner.request import parse_generate
+    from model_runner.protocol.request import parse_generate
     from model_runner.text.prompt import plan
 
     tokenizer, window = engine.loaded.tokenizer, engine.loaded.facts.context_window

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from formulas import cost
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 
 now = time.monotonic
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 from . import baselines as bl
 from . import class_scenario

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 
 from . import report as floor
 from .class_scenario import EQUALITY, RUN, SCENARIO, eq_text, print_class

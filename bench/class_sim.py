@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
-from model_runner.metrics import p50_p95
+from model_runner.protocol.metrics import p50_p95
 
 from .class_scenario import MIX, QUESTIONS
 from .clients import RequestRecord, now, span_s
@@ -315,7 +315,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from model_runner.errors import UserError
+    from model_runner.protocol.errors import UserError
 
     for name, (lo, hi) in LIMITS.items():
         value = getattr(args, name)

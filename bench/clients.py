@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
 
-from model_runner.errors import UserError
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 
 now = time.monotonic  # one clock for everything: the engine stamps its events with it too
 STALL_S = 900.0  # a client gives up when no event at all arrives for this long (the bench never hangs)

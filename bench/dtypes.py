@@ -19,9 +19,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any, TextIO
 
-from model_runner.errors import UserError
 from model_runner.loading.loader import DTYPE_CHOICES
 from model_runner.local.config import DECODERS
+from model_runner.protocol.errors import UserError
 
 from . import anchor
 from . import report as floor

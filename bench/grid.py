@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from model_runner.errors import UserError
 from model_runner.loading.model_shape import shape_of
-from model_runner.metrics import percentile
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.metrics import percentile
 from serving_experiments import roofline
 
 from . import baselines as bl

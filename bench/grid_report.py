@@ -10,7 +10,7 @@ import sys
 from datetime import datetime
 from typing import TextIO
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 
 from . import report as floor
 from .grid import SCHEMA

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from model_runner.local.engine import Engine, EngineConfig
-from model_runner.metrics import p50_p95, percentile
-from model_runner.request import parse_generate
+from model_runner.protocol.metrics import p50_p95, percentile
+from model_runner.protocol.request import parse_generate
 from serving_experiments.prompts import QUESTIONS
 
 from . import report as floor

@@ -1,5 +1,5 @@
 """The reporting floor every benchmark's output passes through: the metric definitions printed with every
-table, distributions (model_runner.metrics.percentile, the one definition), every request counted by
+table, distributions (model_runner.protocol.metrics.percentile, the one definition), every request counted by
 outcome, ratios judged against their targets (met or missed, never asserted), greedy answers compared
 token for token, the JSON contract's pieces with a hand-written checker for a small subset of JSON Schema
 (type, properties, additionalProperties, required, items, enum, minimum), the file written only when it
@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from model_runner.fields import is_int, is_number
-from model_runner.metrics import percentile
+from model_runner.protocol.fields import is_int, is_number
+from model_runner.protocol.metrics import percentile
 
 from .clients import RequestRecord
 

@@ -9,9 +9,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from model_runner.errors import UserError
 from model_runner.local.config import DECODERS
-from model_runner.request import LIMITS
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import LIMITS
 
 from .grid import CACHE_OFF_TOKENS, FULL, QUICK, QUICK_NOTE, Bench, Grid, cells_of
 from .grid_report import finish, ratio_report

@@ -12,9 +12,9 @@ import sys
 from app.classroom.start import class_policy, class_setup
 from bench.class_sim import add_parser as add_class_sim_parser
 from bench.runner import add_parser as add_bench_parser
-from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.local import config as engine_defaults
+from model_runner.protocol.errors import UserError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 

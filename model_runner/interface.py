@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 if TYPE_CHECKING:  # types only: the ground floor imports nothing above it at run time
     from model_runner.loading.loader import LoadedModel, ModelFacts
     from model_runner.local.kv_cache import PagedKVPool
+    from model_runner.protocol.request import GenerateParams
     from model_runner.remote.facts import RemoteFacts
-    from model_runner.request import GenerateParams
     from model_runner.shared.feed import EngineFeed
     from model_runner.shared.policy import Policy
     from model_runner.shared.sequence import Sequence

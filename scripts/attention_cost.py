@@ -18,7 +18,7 @@ import torch
 
 from model_runner.local.engine import Engine, EngineConfig
 from model_runner.local.model.attention_inspect import IMPLEMENTATION
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import plan
 
 ARMS = ("sdpa", "kvscope", "inspect")

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from bench.class_sim import run_class_sim  # noqa: E402
 from model_runner.local.engine import Engine, EngineConfig  # noqa: E402
-from model_runner.request import parse_generate  # noqa: E402
+from model_runner.protocol.request import parse_generate  # noqa: E402
 from model_runner.shared.policy import Policy  # noqa: E402
 
 QUESTIONS = [

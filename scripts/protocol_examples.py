@@ -57,7 +57,7 @@ def rounded(value, places: int = 1):
 def run(engine) -> dict[str, object]:
     """The examples, by name, from one real run of each documented request."""
     from app.api import public_facts
-    from model_runner.request import LIMITS, parse_generate
+    from model_runner.protocol.request import LIMITS, parse_generate
 
     params = parse_generate(GENERATE)
     events = [e.to_dict() for e in engine.submit(params, REQUEST_ID)]
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from model_runner.local.engine import Engine, EngineConfig
-    from model_runner.request import parse_generate
+    from model_runner.protocol.request import parse_generate
 
     engine = Engine(EngineConfig(model=args.model)).start()
     try:

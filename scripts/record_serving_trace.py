@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from model_runner.trace import host_context, route_of, warm_up  # noqa: E402
+from model_runner.protocol.trace import host_context, route_of, warm_up  # noqa: E402
 from serving_experiments.contract import RECORDED_APART, check_trace  # noqa: E402
 from serving_experiments.evidence import floor_problems  # noqa: E402
 from serving_experiments.evidence import problem_words as floor_words  # noqa: E402

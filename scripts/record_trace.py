@@ -12,7 +12,7 @@ walkthrough's decode and cache stages show each new token read.
 It runs on the route `--dtype auto` picks here (int4 on an AVX-512 CPU), and the trace names that route,
 the machine and its `uptime` load (`recorded_on`), which the page shows beside the recorded run.
 
-The format, the recorder and the validator live in `model_runner.trace`; this is the command.
+The format, the recorder and the validator live in `model_runner.protocol.trace`; this is the command.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model_runner.trace import EXAMPLE_REQUEST, dumps_trace, record, validate_trace, warm_up, with_attention  # noqa: E402
+from model_runner.protocol.trace import EXAMPLE_REQUEST, dumps_trace, record, validate_trace, warm_up, with_attention  # noqa: E402
 from scripts.record_serving_trace import decoder_words, machine_name  # noqa: E402
 
 DEFAULT_OUT = ROOT / "static" / "data" / "trace-example.json"

@@ -9,9 +9,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from model_runner.errors import UserError
-from model_runner.fields import check_int
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import check_int
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import plan
 
 LABEL = "experiment"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from serving_experiments.experiments import (
     attention_cost,
     batch_invariance,

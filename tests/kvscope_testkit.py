@@ -365,7 +365,7 @@ class _ListHandler(logging.Handler):
 
 def ask(content: str = "Tell me about caches.", system: str | None = None, **fields):
     """Validated `generate` parameters for one user message (and a system prompt if given)."""
-    from model_runner.request import parse_generate
+    from model_runner.protocol.request import parse_generate
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     return parse_generate({"messages": messages, **fields})

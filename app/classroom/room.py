@@ -13,9 +13,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
-from model_runner.errors import UserError
-from model_runner.fields import check_bool, check_int, json_repr
-from model_runner.metrics import p50_p95
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import check_bool, check_int, json_repr
+from model_runner.protocol.metrics import p50_p95
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from app.classroom.room import Room, Seat
 from app.engine_ext import NOT_ON_REMOTE, batch_invariance, get_engine
 from app.protocol import parse_json_object
 from app.security import is_loopback, origin_refusal
-from model_runner.errors import UserError
-from model_runner.fields import check_bool
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import check_bool
 from model_runner.shared.policy import Policy
 
 log = logging.getLogger(__name__)

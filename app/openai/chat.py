@@ -18,10 +18,10 @@ from app.openai import structured
 from app.openai.fanout import with_seed
 from app.openai.shapes import TokenNames, check_model, finish_reason, finished_events, logprob, sse, usage_of
 from app.openai.streaming import sse_choices
-from model_runner.errors import UserError
-from model_runner.events import Event, Token
-from model_runner.fields import check_int, json_repr
-from model_runner.request import ROLES, GenerateParams, parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Event, Token
+from model_runner.protocol.fields import check_int, json_repr
+from model_runner.protocol.request import ROLES, GenerateParams, parse_generate
 
 ROLE_NAMES = {"developer": "system"}  # OpenAI's newer name for the system turn
 KNOWN_FIELDS = (

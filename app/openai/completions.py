@@ -18,10 +18,10 @@ from app.openai import structured
 from app.openai.fanout import with_seed
 from app.openai.shapes import TokenNames, check_model, finish_reason, finished_events, logprob, usage_of
 from app.openai.streaming import sse_choices
-from model_runner.errors import UserError
-from model_runner.events import Event, Finished, Token
-from model_runner.fields import check_bool, check_int, is_int, json_repr
-from model_runner.request import GenerateParams, parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Event, Finished, Token
+from model_runner.protocol.fields import check_bool, check_int, is_int, json_repr
+from model_runner.protocol.request import GenerateParams, parse_generate
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint
 MAX_PROMPTS = rf.MAX_REQUESTS

@@ -10,9 +10,9 @@ import queue
 import threading
 from typing import Callable, Iterator
 
-from model_runner.errors import ContextOverflow, UserError
-from model_runner.events import Event
-from model_runner.request import GenerateParams
+from model_runner.protocol.errors import ContextOverflow, UserError
+from model_runner.protocol.events import Event
+from model_runner.protocol.request import GenerateParams
 
 LABEL = "api"
 

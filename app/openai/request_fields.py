@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from model_runner.errors import UserError
-from model_runner.fields import check_int, is_int, json_repr
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import check_int, is_int, json_repr
 
 MAX_CHOICES = 16  # `n` and `best_of`: each choice is one engine request
 MAX_REQUESTS = 32  # prompts × choices in one call: half the engine's default queue

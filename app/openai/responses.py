@@ -25,10 +25,10 @@ from app.openai.fanout import merged, submit_all
 from app.openai.routes import bp, collected, model_view, run_events, served_ids, streamed
 from app.openai.shapes import check_model, finished_events, terminal_error
 from app.protocol import parse_json_object
-from model_runner.errors import UserError
-from model_runner.events import Event, Finished, PrefillStart, Token
-from model_runner.fields import json_repr
-from model_runner.request import GenerateParams, parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Event, Finished, PrefillStart, Token
+from model_runner.protocol.fields import json_repr
+from model_runner.protocol.request import GenerateParams, parse_generate
 
 KNOWN_FIELDS = (
     "input",

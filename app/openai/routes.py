@@ -44,10 +44,10 @@ from app.openai.shapes import TokenNames, check_model
 from app.outcomes import describe_end, end_fields
 from app.protocol import parse_json_object
 from app.security import origin_refusal
-from model_runner.errors import UserError
-from model_runner.events import Event
-from model_runner.fields import check_bool, check_int
-from model_runner.request import Message
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Event
+from model_runner.protocol.fields import check_bool, check_int
+from model_runner.protocol.request import Message
 from model_runner.text.prompt import render
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 from app.outcomes import FINISH_REASONS
-from model_runner.errors import UserError
-from model_runner.events import Accepted, Event, Finished, Token
-from model_runner.request import json_repr
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import Accepted, Event, Finished, Token
+from model_runner.protocol.request import json_repr
 
 # ---- model ids ---------------------------------------------------------------------------------
 

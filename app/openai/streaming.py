@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 from app.errors import openai_body
 from app.openai.shapes import sse, terminal_error, usage_of
-from model_runner.events import Accepted, Event, Finished, Token
+from model_runner.protocol.events import Accepted, Event, Finished, Token
 
 TokenObject = Callable[[int, Token], dict[str, Any] | None]  # None: nothing to send for this token
 FinishObject = Callable[[int, Finished], dict[str, Any]]

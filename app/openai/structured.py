@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from model_runner.errors import UserError
-from model_runner.fields import json_repr
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import json_repr
 from model_runner.shared.constraints import Constraint, compiled
 
 FIELDS = ("response_format", "structured_outputs")  # the request fields read here (chat and completions)

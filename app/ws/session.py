@@ -22,11 +22,11 @@ from wsproto.utilities import LocalProtocolError
 
 from app.outcomes import describe_end, end_fields
 from app.protocol import error_event, parse_json_object, parse_request_id
-from model_runner.errors import UserError
-from model_runner.events import SCHEMA_VERSION, Event
-from model_runner.fields import json_repr
 from model_runner.interface import EngineInterface
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.events import SCHEMA_VERSION, Event
+from model_runner.protocol.fields import json_repr
+from model_runner.protocol.request import parse_generate
 
 log = logging.getLogger(__name__)
 

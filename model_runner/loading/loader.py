@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 
 from formulas.kv_math import kv_bytes_per_token
-from model_runner.errors import UserError
 from model_runner.loading.routes import (  # the routes' names, also imported from here by callers
     DTYPE_CHOICES,
     DTYPE_HELP,
@@ -26,6 +25,7 @@ from model_runner.loading.routes import (  # the routes' names, also imported fr
     resolve_dtype,
     resolve_route,
 )
+from model_runner.protocol.errors import UserError
 
 __all__ = ["DTYPE_CHOICES", "DTYPE_HELP", "DtypeRoute", "LoadedModel", "ModelFacts", "load", "resolve_route"]
 

@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from model_runner.errors import UserError
 from model_runner.loading.quantize import FLOAT_ROWS, mixed_kernel_rows
+from model_runner.protocol.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZED_ROUTES = ("int4", "int8")  # weight-only quantized linear layers, float32 elsewhere (CPU only)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runner import events as ev
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.postprocess import push
 from model_runner.local.scheduler import Scheduler, StepPlan
+from model_runner.protocol import events as ev
 from model_runner.shared.endings import accepted_event, publish_end
 from model_runner.shared.feed import EngineFeed
 from model_runner.shared.policy import Policy

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from model_runner.errors import UserError
 from model_runner.loading.loader import LoadedModel, ModelFacts, load
 from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
@@ -26,7 +25,8 @@ from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.postprocess import Postprocess, terminal_event
 from model_runner.local.scheduler import Scheduler, StepPlan
 from model_runner.local.step.forward import BatchForward, Forwards, run_step
-from model_runner.request import GenerateParams
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import GenerateParams
 from model_runner.shared.base import EngineBase
 from model_runner.shared.feed import EngineFeed
 from model_runner.shared.policy import Policy

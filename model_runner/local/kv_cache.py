@@ -20,7 +20,7 @@ from transformers.generation.continuous_batching.initialization import resolve_c
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from formulas.kv_math import kv_cache_bytes
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from model_runner.shared.sequence import Sequence
 
 FULL = "full_attention"  # the allocator of full-attention layers (every layer of a Llama)

@@ -13,11 +13,11 @@ from typing import Callable
 
 import torch
 
-from model_runner import events as ev
 from model_runner.loading.loader import LoadedModel
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.scheduler import Scheduler, StepPlan, Work
-from model_runner.metrics import request_metrics
+from model_runner.protocol import events as ev
+from model_runner.protocol.metrics import request_metrics
 from model_runner.shared.constraints import Guide, compiled
 from model_runner.shared.sequence import Sequence, State
 from model_runner.text.detokenizer import IncrementalDetokenizer, display_text

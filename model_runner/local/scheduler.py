@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence, State
 

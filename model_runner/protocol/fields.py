@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 
 def is_int(value: Any) -> bool:

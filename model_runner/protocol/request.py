@@ -9,8 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from model_runner.errors import UserError
-from model_runner.fields import check_bool, check_choice, check_int, check_number, int_field, is_number, json_repr
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    int_field,
+    is_number,
+    json_repr,
+)
 
 ROLES = ("system", "user", "assistant", "retrieved")
 DELIVERY_MODES = ("stream", "buffered")

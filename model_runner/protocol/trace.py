@@ -12,7 +12,7 @@ import platform
 import subprocess
 from datetime import datetime, timezone
 
-from model_runner.events import EVENT_TYPES, TERMINAL_TYPES
+from model_runner.protocol.events import EVENT_TYPES, TERMINAL_TYPES
 
 FORMAT, VERSION = "kvscope-trace", 1
 REQUEST_ID = "walkthrough-example"
@@ -205,7 +205,7 @@ def uptime_line() -> str:
 
 def record(engine, request: dict = EXAMPLE_REQUEST, note: str | None = None) -> dict:
     """Runs `request` on a ready engine and returns the trace of that run, every event in arrival order."""
-    from model_runner.request import parse_generate
+    from model_runner.protocol.request import parse_generate
 
     params = parse_generate(request)
     prompt = engine.describe_prompt(params)
@@ -234,7 +234,7 @@ def warm_up(engine, new_tokens: int = 8, request: dict = EXAMPLE_REQUEST) -> Non
     """One short request first, so the recording shows a running server, not first-call set-up costs
     (a fresh process's first decode steps are slow: one is not enough on the int4 route). Give it the
     request to be recorded, so an inspected recording warms the inspected path too."""
-    from model_runner.request import parse_generate
+    from model_runner.protocol.request import parse_generate
 
     for _ in engine.submit(parse_generate({**request, "max_new_tokens": new_tokens}), "warm-up"):
         pass

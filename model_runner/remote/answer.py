@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from model_runner import events as ev
-from model_runner.metrics import request_metrics
+from model_runner.protocol import events as ev
+from model_runner.protocol.metrics import request_metrics
 from model_runner.remote.http import Connection, RemoteFailure
 from model_runner.shared.sequence import Sequence
 from model_runner.shared.stream import RequestHandle

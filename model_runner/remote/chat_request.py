@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runner import events as ev
-from model_runner.errors import UserError
+from model_runner.protocol import events as ev
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import GenerateParams
 from model_runner.remote.facts import NOT_VISIBLE
-from model_runner.request import GenerateParams
 from model_runner.shared.endings import accepted_event as shared_accepted
 from model_runner.shared.sequence import Sequence
 from model_runner.text.prompt import PromptView

@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from model_runner import events as ev
-from model_runner.errors import UserError
+from model_runner.protocol import events as ev
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import GenerateParams
 from model_runner.remote.answer import RemoteRequest
 from model_runner.remote.chat_request import accepted_event, chat_body, refuse_unsupported
 from model_runner.remote.facts import (
@@ -30,7 +31,6 @@ from model_runner.remote.facts import (
     read_config,
 )
 from model_runner.remote.http import Connection, RemoteFailure, get, parse_url, refused, sse_data
-from model_runner.request import GenerateParams
 from model_runner.shared.base import EngineBase
 from model_runner.shared.endings import publish_end
 from model_runner.shared.feed import EngineFeed

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from formulas.kv_math import kv_bytes_per_token
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 NOT_VISIBLE = "not visible from outside the server"
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1, "fp8": 1}

@@ -11,7 +11,7 @@ import threading
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 MAX_LINE = 1 << 20  # one SSE line (one JSON chunk) may be at most this long
 

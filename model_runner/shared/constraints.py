@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 # xgrammar's errors start with its log stamp and C++ source line: "[13:40:36] /project/cpp/x.cc:83: ".

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from model_runner import events as ev
+from model_runner.protocol import events as ev
 from model_runner.shared.feed import EngineFeed
 from model_runner.shared.sequence import Sequence
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from model_runner.errors import UserError
-from model_runner.fields import check_bool, check_choice, check_int
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.fields import check_bool, check_choice, check_int
 
 BATCHING_MODES = ("continuous", "static")
 POLICY_LIMITS = {"max_num_seqs": (1, 256), "max_batch_tokens": (16, 8192), "chunk_size": (1, 8192)}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from model_runner.request import GenerateParams
+from model_runner.protocol.request import GenerateParams
 
 if TYPE_CHECKING:  # the working state's types need torch; the scheduler imports this module without it
     from model_runner.shared.stream import RequestHandle

@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from typing import Callable, Iterator
 
-from model_runner.events import Event
+from model_runner.protocol.events import Event
 from model_runner.shared.sequence import Sequence
 
 

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_runner.errors import ContextOverflow
-from model_runner.request import GenerateParams, Message
+from model_runner.protocol.errors import ContextOverflow
+from model_runner.protocol.request import GenerateParams, Message
 
 # A retrieved passage has no role in most chat templates: it is rendered as a user turn and
 # labelled "retrieved" by its provenance.

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from model_runner.request import SamplingParams
+from model_runner.protocol.request import SamplingParams
 
 TOP_CANDIDATES = 20  # alternatives a choice carries: the most any request asks (OpenAI's top_logprobs ≤ 20)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from formulas import cost
 from model_runner.loading.model_shape import shape_of
-from model_runner.metrics import percentile
-from model_runner.request import parse_generate
+from model_runner.protocol.metrics import percentile
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import render
 from serving_experiments import roofline
 from serving_experiments.harness import Job, Param, admit_of, ask, decode_steps, job, r3, text_of_tokens
@@ -24,7 +24,7 @@ PARAMS = {"max_positions": Param(2048, 64, 8192), "new_tokens": Param(8, 4, 32)}
 # attention scores per head at once, and each chunk still reads every key cached before it.
 PREFILL_CHUNK = 512
 QUESTION = "\nWhat is this text about?"
-# A message may hold 20,000 characters (model_runner/request.py LIMITS): the text is sent as user messages
+# A message may hold 20,000 characters (model_runner/protocol/request.py LIMITS): the text is sent as user messages
 # cut at fixed offsets, so a shorter prompt's messages stay the first ones of a longer prompt's.
 MESSAGE_CHARS = 15_000
 

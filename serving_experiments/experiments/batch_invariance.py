@@ -9,8 +9,8 @@ import math
 import time
 from contextlib import contextmanager
 
-from model_runner.errors import UserError
-from model_runner.metrics import percentile
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.metrics import percentile
 from serving_experiments.harness import Param, ask, job, r3
 from serving_experiments.prompts import NAMES, QUESTIONS
 

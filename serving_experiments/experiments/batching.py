@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from serving_experiments.harness import Job, Param, ask, job, r3
 from serving_experiments.prompts import NAMES, QUESTIONS
 

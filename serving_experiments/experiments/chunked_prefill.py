@@ -3,7 +3,7 @@ long gap in their token stream. On: it comes in chunks that share steps with the
 
 from __future__ import annotations
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from serving_experiments.harness import (
     Job,
     Param,

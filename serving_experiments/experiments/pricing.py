@@ -4,7 +4,7 @@ slower run measured a busy machine)."""
 
 from __future__ import annotations
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from serving_experiments.harness import Param, ask, decode_steps_ms, first_prefill_steps, job, r3, text_of_tokens
 from serving_experiments.prompts import FILLER
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from serving_experiments import roofline
 from serving_experiments.harness import Job, Param, ask, first_prefill_steps, job, prompt_ids, r3
 from serving_experiments.prompts import QUESTIONS

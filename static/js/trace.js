@@ -24,7 +24,7 @@ function checker(kind) {
 }
 
 // Fields every event of a type must carry, with the checks the walkthrough relies on: the
-// protocol's own list (shared/protocol.js, kept equal to model_runner/events.py by a test).
+// protocol's own list (shared/protocol.js, kept equal to model_runner/protocol/events.py by a test).
 export const EVENT_FIELDS = Object.fromEntries(Object.entries(PROTOCOL_FIELDS).map(([type, fields]) => [
   type, Object.fromEntries(Object.entries(fields).map(([name, kind]) => [name, checker(kind)])),
 ]));

@@ -7,7 +7,7 @@ from __future__ import annotations
 from attention_reference import check_against, eager_weights
 from kvscope_testkit import events_of
 
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import plan
 
 TOL = 2e-4  # float32: sdpa over the paged pool vs eager over the whole sequence, plus the wire's 5 decimals

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 
 CHAT = [
     {"role": "system", "content": "You are a concise tutor."},

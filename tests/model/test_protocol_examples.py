@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.text.detokenizer import display_text
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"

@@ -17,7 +17,7 @@ from numerics import BUNDLED_LOGIT_MAGNITUDE, decided_margin, event_margin, firs
 
 from bench.dtypes import quality_messages, quality_prompts
 from model_runner.loading.routes import AGREEMENT_FLOOR, NEAR_TIE_LOGITS, quantization_note, resolve_route
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 
 NEW_TOKENS = 32
 ROUTES = ("int4",)  # what `auto` can pick on a CPU (routes.fast_route_for)

@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.shared.constraints import Constraint
 
 MAX_TOKENS = 160  # room for every answer below; an answer still open at this length fails the test

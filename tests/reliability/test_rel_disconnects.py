@@ -24,7 +24,7 @@ from kvscope_testkit import (
     wait_until,
 )
 
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 
 FULL_ANSWER_TOKENS = 91  # the fake model's whole answer, eos included
 LONG_PROMPT = [{"role": "user", "content": "long " * 60}]  # ~365 tokens: with prefill_chunk=1, as many steps

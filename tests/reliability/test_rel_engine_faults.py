@@ -15,8 +15,8 @@ import pytest
 import torch
 from kvscope_testkit import WAIT_S, Client, LogCursor, end_is, generate_frame, terminals
 
-from model_runner.errors import UserError
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 from model_runner.shared.policy import Policy
 
 FAIL_AT_PREFILL = "FAIL@PREFILL"  # a prompt holding this makes the model's prefill raise

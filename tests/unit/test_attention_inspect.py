@@ -9,9 +9,9 @@ import torch
 from attention_reference import check_against, eager_weights
 from kvscope_testkit import ask, events_of
 
-from model_runner.errors import UserError
 from model_runner.local.model.attention_inspect import BINS, TOP_K, sharpest_heads, summarize
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import plan
 
 TOL = 1e-4  # float32 sdpa vs eager, and the wire's 5 decimals

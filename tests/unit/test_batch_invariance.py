@@ -13,9 +13,9 @@ import torch
 from kvscope_testkit import Recorder, ask, blocks_mb, events_of, start_engine, stop_engine, wait_until
 from torch import nn
 
-from model_runner.errors import UserError
 from model_runner.local.scheduler import Scheduler
 from model_runner.local.step.invariant import check_kernels
+from model_runner.protocol.errors import UserError
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence
 

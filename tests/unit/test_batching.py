@@ -15,9 +15,9 @@ import pytest
 from kvscope_testkit import ask as gen
 from kvscope_testkit import blocks_mb, events_of, wait_until
 
-from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.local.scheduler import WAIT_STATIC
+from model_runner.protocol.errors import UserError
 from model_runner.shared.feed import EngineFeed
 from model_runner.shared.policy import Policy
 

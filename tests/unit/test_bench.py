@@ -23,8 +23,8 @@ from formulas import cost
 from kvscope.cli import main
 from model_runner.loading import loader
 from model_runner.loading.model_shape import shape_of
-from model_runner.metrics import percentile
-from model_runner.request import parse_generate
+from model_runner.protocol.metrics import percentile
+from model_runner.protocol.request import parse_generate
 
 # ---- statistics ----------------------------------------------------------------------------------
 

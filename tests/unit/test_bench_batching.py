@@ -14,7 +14,7 @@ from bench import baselines, class_scenario
 from bench.batching_report import SCHEMA
 from bench.report import greedy_equality, run_summary, validate
 from kvscope.cli import main
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 
 
 def test_greedy_equality_counts_identical_requests_and_where_others_differ():

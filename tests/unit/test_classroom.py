@@ -21,7 +21,7 @@ from app.classroom import routes as classroom
 from app.classroom.room import CANCEL_CAUSE
 from app.ws.session import SessionSettings, run_session
 from model_runner.local.scheduler import WAIT_PAUSED
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from model_runner.shared.policy import Policy
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from model_runner.shared.constraints import Constraint, Guide, allowed_tokens, compiled
 from model_runner.text.tokenizer import ByteTokenizer
 

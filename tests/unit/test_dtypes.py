@@ -15,7 +15,6 @@ from kvscope_testkit import ask, events_of
 from torch import nn
 
 from bench import dtypes as bench_dtypes
-from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.loading.fake import ANSWER
 from model_runner.loading.quantize import (
@@ -32,6 +31,7 @@ from model_runner.loading.quantize import (
 )
 from model_runner.loading.routes import float_prefill_for
 from model_runner.local.scheduler import Work
+from model_runner.protocol.errors import UserError
 from model_runner.shared.sequence import Sequence
 
 ROUTES = {  # --dtype → (weights dtype, KV dtype, bytes per KV element, quantized)

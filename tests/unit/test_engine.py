@@ -9,9 +9,9 @@ from kvscope_testkit import ask as gen
 from kvscope_testkit import events_of, wait_until
 
 import model_runner.local.step.forward as runner
-from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 from model_runner.shared.policy import Policy
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import model_runner.local.postprocess as postprocess
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = ROOT / "docs" / "protocol.md"
@@ -46,7 +46,7 @@ def test_queue_prefill_and_ttft_tile_the_request_on_the_engines_own_stamps(engin
 
 
 def test_a_request_cancelled_while_queued_has_only_queue_time():
-    from model_runner.metrics import request_metrics
+    from model_runner.protocol.metrics import request_metrics
     from model_runner.shared.sequence import Sequence
 
     seq = Sequence(id="q", params=parse_generate({"messages": HELLO}), submitted_at=100.0)

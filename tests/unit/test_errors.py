@@ -9,9 +9,9 @@ import pytest
 
 from app import create_app
 from app.errors import STATUS
-from model_runner.errors import UserError
 from model_runner.loading.loader import load
 from model_runner.local.engine import Engine, EngineConfig
+from model_runner.protocol.errors import UserError
 
 # (method, path, shape) for a route of each blueprint that reaches the engine's status, snapshot or readiness.
 ROUTES = {

@@ -14,7 +14,7 @@ from app import create_app
 from app.experiments import LOCK_KEY
 from formulas import cost
 from model_runner.loading.model_shape import shape_of
-from model_runner.metrics import percentile
+from model_runner.protocol.metrics import percentile
 from serving_experiments.contract import check_response
 from serving_experiments.evidence import FLOORS, point_evidence
 from serving_experiments.experiments.attention_cost import line_fit

@@ -2,7 +2,7 @@
 nothing else.
 
 protocol.js is hand-written (the page has no build step), so this test is what keeps it honest: it
-reads the JSON between the `protocol-json` markers and compares it with model_runner/events.py (type
+reads the JSON between the `protocol-json` markers and compares it with model_runner/protocol/events.py (type
 names, fields, their JSON kinds, the terminal set), and with the server code that builds model
 facts, budgets and metrics. It then scans static/js for event types written as string literals and
 for snake_case names read off server objects that neither protocol.js nor the static data declare.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from model_runner import events
+from model_runner.protocol import events
 
 ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "static/js"
@@ -156,9 +156,9 @@ def test_budget_fields_the_page_reads_exist():
 
 def test_metrics_the_page_reads_exist():
     keys = _dict_keys(
-        "model_runner/metrics.py", lambda t: isinstance(t, ast.FunctionDef) and t.name == "request_metrics"
+        "model_runner/protocol/metrics.py", lambda t: isinstance(t, ast.FunctionDef) and t.name == "request_metrics"
     )
-    assert keys, "could not find request_metrics() returning a dict in model_runner/metrics.py"
+    assert keys, "could not find request_metrics() returning a dict in model_runner/protocol/metrics.py"
     assert set(SPEC["metrics"]) <= keys
 
 
@@ -205,7 +205,9 @@ def test_every_server_name_the_scripts_read_is_declared():
     the static data the page loads (the calculator's golden cases; the shipped trace's request and
     prompt, but not its events or model facts, which protocol.js alone declares: a recording made
     before a rename must not vouch for the old name)."""
-    declared = set(SPEC["common"]) | set(SPEC["candidate"]) | set(SPEC["mask"]) | set(SPEC["model"]) | set(SPEC["budget"])
+    declared = (
+        set(SPEC["common"]) | set(SPEC["candidate"]) | set(SPEC["mask"]) | set(SPEC["model"]) | set(SPEC["budget"])
+    )
     declared |= set(SPEC["metrics"]) | {f for fields in SPEC["events"].values() for f in fields}
     declared |= {f for fields in SPEC["feed"].values() for f in fields} | set(SPEC["batch_row"]) | set(SPEC["kv"])
     for group in ("policy", "class_settings", "class_info", "experiments_list"):

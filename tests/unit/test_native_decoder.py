@@ -22,13 +22,13 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from model_runner.errors import UserError
 from model_runner.loading import loader
 from model_runner.local.engine import Engine, EngineConfig
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.model.native import NativeLlama, native_support
 from model_runner.local.step.invariant import InvariantSteps
+from model_runner.protocol.errors import UserError
 
 BLOCK = 16  # tokens per block of the pools made here
 

@@ -13,7 +13,7 @@ import torch
 from app import create_app
 from model_runner.local.scheduler import Work
 from model_runner.local.step.prompt_logprobs import kept_positions
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence
 

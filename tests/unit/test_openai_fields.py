@@ -12,8 +12,8 @@ import pytest
 from app import create_app
 from app.openai.chat import parse_chat
 from app.openai.routes import ModelView
-from model_runner.errors import ContextOverflow
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import ContextOverflow
+from model_runner.protocol.request import parse_generate
 
 HI = [{"role": "user", "content": "Say hello."}]
 

@@ -11,7 +11,7 @@ import pytest
 from app.errors import status_for
 from app.model_names import model_ids, own_model_id
 from app.openai.shapes import check_model
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 
 
 def facts(name: str, source: str) -> SimpleNamespace:

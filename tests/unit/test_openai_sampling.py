@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from model_runner.request import SamplingParams, parse_generate
+from model_runner.protocol.request import SamplingParams, parse_generate
 from model_runner.text.sampler import adjust, choose
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])

@@ -10,9 +10,9 @@ import pytest
 
 from app import create_app
 from kvscope.cli import policy_of
-from model_runner.errors import UserError
 from model_runner.loading.loader import load
 from model_runner.local.engine import Engine, EngineConfig
+from model_runner.protocol.errors import UserError
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from model_runner.errors import UserError
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 from model_runner.text.prompt import plan
 from model_runner.text.tokenizer import ByteTokenizer
 

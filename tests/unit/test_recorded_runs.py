@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from model_runner.loading.routes import fast_route_for
-from model_runner.trace import ROUTE_FIELDS
+from model_runner.protocol.trace import ROUTE_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = {"trace-example": "static/data/trace-example.json", "serving-trace": "static/data/serving-trace.json"}

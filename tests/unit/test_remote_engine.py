@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kvscope_testkit import ask, events_of, free_port, terminals, wait_until
 
-from model_runner.errors import UserError
+from model_runner.protocol.errors import UserError
 from model_runner.remote.engine import RemoteConfig, RemoteEngine
 from model_runner.remote.facts import parse_metrics
 from model_runner.remote.http import parse_url

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from app import create_app
-from model_runner.errors import UserError
 from model_runner.loading.loader import load
 from model_runner.local.engine import Engine, EngineConfig
-from model_runner.request import parse_generate
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import parse_generate
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # scripts/ is importable from the checkout's root, as the scripts themselves run

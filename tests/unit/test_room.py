@@ -1,5 +1,5 @@
 """The room without Flask (app/classroom/room.py): built on an engine alone, it counts ends through the engine's
-end listener and computes the class stats with the one p50/p95 (model_runner/metrics.py); on a
+end listener and computes the class stats with the one p50/p95 (model_runner/protocol/metrics.py); on a
 remote engine (`engine.local` is None) pause is refused by name and tokens/s is unknown, while the
 other settings still work."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from app.classroom.room import STATS_WINDOW_S, Room
-from model_runner.errors import UserError
-from model_runner.metrics import p50_p95
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.metrics import p50_p95
 
 pytestmark = pytest.mark.unit
 

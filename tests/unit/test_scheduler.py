@@ -11,7 +11,6 @@ import math
 
 import pytest
 
-from model_runner.errors import UserError
 from model_runner.local.scheduler import (
     WAIT_BLOCKS,
     WAIT_LINE,
@@ -22,7 +21,8 @@ from model_runner.local.scheduler import (
     Scheduler,
     StepPlan,
 )
-from model_runner.request import GenerateParams, Message
+from model_runner.protocol.errors import UserError
+from model_runner.protocol.request import GenerateParams, Message
 from model_runner.shared.sequence import Sequence, State
 
 BLOCK = 16

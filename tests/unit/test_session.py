@@ -16,10 +16,10 @@ from simple_websocket import ConnectionClosed
 
 from app.protocol import parse_json_object
 from app.ws.session import SessionSettings, run_session
-from model_runner.errors import UserError
 from model_runner.loading.fake import ANSWER
 from model_runner.loading.loader import load
 from model_runner.local.engine import Engine, EngineConfig
+from model_runner.protocol.errors import UserError
 from model_runner.shared.policy import Policy
 
 WAIT_S = 30.0  # generous deadline for a condition that holds in milliseconds; never a timing claim

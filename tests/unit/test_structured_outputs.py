@@ -15,7 +15,7 @@ import re
 import pytest
 
 from app import create_app
-from model_runner.request import parse_generate
+from model_runner.protocol.request import parse_generate
 from model_runner.shared.constraints import Constraint
 
 SCHEMA = {

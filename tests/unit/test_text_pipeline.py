@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from model_runner import events
-from model_runner.request import Message, parse_generate
+from model_runner.protocol import events
+from model_runner.protocol.request import Message, parse_generate
 from model_runner.text.detokenizer import IncrementalDetokenizer, display_text
 from model_runner.text.prompt import render
 from model_runner.text.stopping import StopChecker

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from formulas.kv_math import kv_bytes_per_token
-from model_runner import trace as record_trace
+from model_runner.protocol import trace as record_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 

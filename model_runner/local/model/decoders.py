@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from model_runner.errors import UserError
 from model_runner.local.config import DECODERS
 from model_runner.local.kv_cache import FULL
 from model_runner.local.model.attention_inspect import IMPLEMENTATION, PROBE_KWARG, ROWS_KWARG, register
 from model_runner.local.model.native import NativeLlama, native_support
 from model_runner.local.model.paged_step import Decoder, PagedStep
+from model_runner.protocol.errors import UserError
 
 # Attentions that take the paged cache: kvscope's sdpa (transformers' sdpa unless a request is
 # inspected, local/model/attention_inspect.py) and transformers' paged eager.

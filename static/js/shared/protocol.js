@@ -1,6 +1,6 @@
 // The server's WebSocket events as this page relies on them: the type names, the fields each type
 // carries with their JSON kinds, and the terminal set. It is a hand-written mirror of
-// model_runner/events.py (no build step); tests/unit/test_js_protocol.py reads the JSON between the
+// model_runner/protocol/events.py (no build step); tests/unit/test_js_protocol.py reads the JSON between the
 // `protocol-json` markers and fails when it drifts from the dataclasses there (a type or field
 // added, renamed or retyped), and when a script under static/js reads a snake_case name that
 // neither this file nor the static data files declare. So a protocol change is made in both places.
