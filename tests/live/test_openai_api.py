@@ -227,7 +227,7 @@ def test_logprobs_come_with_at_most_the_asked_alternatives(fake_server):
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"stop": ["x"] * 65}, "stop"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ],
 )
 def test_a_bad_field_is_refused_naming_it(fake_server, fields, param):
