@@ -23,8 +23,9 @@ function engineLine(e, storage, ctx) {
 export function renderEngines(el, engines, storage, ctx) {
   const list = engines || [];
   el.hidden = !list.length;
-  el.replaceChildren(...(list.length
-    ? [html('p', { text: 'What each engine would cache for this config (cited: the source line each follows):' }),
-      html('ul', {}, list.map((e) => html('li', { text: engineLine(e, storage, ctx) })))]
-    : []));
+  el.replaceChildren();
+  if (!list.length) return;
+  html('p', { text: 'What each engine would cache for this config (cited: the source line each follows):', parent: el });
+  const ul = html('ul', { parent: el });
+  for (const e of list) html('li', { text: engineLine(e, storage, ctx), parent: ul });
 }
