@@ -122,30 +122,6 @@ def logprob_options(body: dict) -> int | None:
     return (top or 0) if wanted else None
 
 
-def forwardable(params: GenerateParams, local: bool) -> None:
-    """A remote engine forwards temperature, top_p, top_k, seed, stop and the length upstream
-    (model_runner/remote/chat_request.py); a field it would drop is refused rather than ignored."""
-    if local:
-        return
-    s = params.sampling
-    dropped = {
-        "min_p": s.min_p,
-        "frequency_penalty": s.frequency_penalty,
-        "presence_penalty": s.presence_penalty,
-        "repetition_penalty": s.repetition_penalty != 1.0,
-        "logit_bias": s.logit_bias,
-        "min_tokens": params.min_new_tokens,
-        "ignore_eos": params.ignore_eos,
-    }
-    for name, value in dropped.items():
-        if value:
-            raise UserError(
-                f"`{name}` runs on the built-in engine only: the remote engine does not pass it on",
-                field=name,
-                code="not_supported",
-            )
-
-
 def parse_chat(body: Any, ids: list[str], model: Any) -> ChatCall:
     """The chat request as engine requests; UserError naming the OpenAI field. `model`: the engine's
     facts and tokenizer (context window, vocabulary, whether the template has tool turns)."""
@@ -165,7 +141,6 @@ def parse_chat(body: Any, ids: list[str], model: Any) -> ChatCall:
         }
         params = parse_generate(payload, rf.limits(model.context), roles=(*ROLES, "tool"))
         params = dataclasses.replace(params, constraint=structured.checked(structured.constraint_of(body), model))
-        forwardable(params, model.tokenizer is not None)
     except UserError as exc:
         raise rf.rename_field(exc, {"max_new_tokens": length_name}) from None
     return ChatCall([with_seed(params, i) for i in range(n)], top, stream, include_usage, continuous)

@@ -20,7 +20,6 @@ from flask import jsonify, request
 from app.engine_ext import get_engine
 from app.openai import request_fields as rf
 from app.openai import structured
-from app.openai.chat import forwardable
 from app.openai.fanout import merged, submit_all
 from app.openai.routes import bp, collected, model_view, run_events, served_ids, streamed
 from app.openai.shapes import check_model, finished_events, terminal_error
@@ -163,7 +162,6 @@ def parse_responses(body: Any, ids: list[str], model: Any) -> ResponsesCall:
         params = parse_generate(payload, rf.limits(model.context))
         constraint = structured.checked(structured.constraint_of(body, "text.format"), model)
         params = dataclasses.replace(params, constraint=constraint)
-        forwardable(params, model.tokenizer is not None)
     except UserError as exc:
         if (exc.field or "").startswith("messages"):  # the conversation parse_generate saw is `input` here
             exc.message, exc.field = exc.message.replace("`messages`", "`input`"), "input"

@@ -1,9 +1,13 @@
 """What kvscope asks the remote server: the streaming OpenAI chat request for a generate's
-parameters, the fields a remote server cannot honour (refused by name), and the `accepted` event
-with the prompt's counts where kvscope has the model's tokenizer (computed), null where it has not."""
+parameters (every sampling field the built-in engine implements, under the names vLLM takes, and a
+constraint as `response_format` or vLLM's `structured_outputs`), the fields no remote server can take
+per request (refused by name; anything else the server itself refuses comes back as its 400, naming
+the field), and the `accepted` event with the prompt's counts where kvscope has the model's tokenizer
+(computed), null where it has not."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from model_runner.protocol import events as ev
@@ -79,4 +83,34 @@ def chat_body(params: GenerateParams, view: PromptView | None, model: str, top_l
         body["top_k"] = s.top_k  # vLLM and llama.cpp take it; a server that does not answers 400
     if params.stop:
         body["stop"] = list(params.stop)
-    return body
+    return {**body, **sampling_fields(params), **constraint_fields(params.constraint)}
+
+
+def sampling_fields(params: GenerateParams) -> dict[str, Any]:
+    """The sampling fields past OpenAI's own, sent only where they change the answer (so a server that
+    lacks one is asked for it only when it matters): vLLM's names, which llama.cpp's server shares."""
+    s = params.sampling
+    fields = {
+        "min_p": s.min_p or None,
+        "frequency_penalty": s.frequency_penalty or None,
+        "presence_penalty": s.presence_penalty or None,
+        "repetition_penalty": s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+        "logit_bias": {str(token): bias for token, bias in s.logit_bias} or None,
+        "min_tokens": params.min_new_tokens or None,
+        "ignore_eos": params.ignore_eos or None,
+    }
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def constraint_fields(constraint: Any) -> dict[str, Any]:
+    """A constraint as the remote takes it: JSON as OpenAI's `response_format` (vLLM and llama.cpp
+    read it), a regex, choice or grammar as vLLM's `structured_outputs`."""
+    if constraint is None:
+        return {}
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        schema = json.loads(constraint.spec)
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+    value = json.loads(constraint.spec) if constraint.kind == "choice" else constraint.spec
+    return {"structured_outputs": {constraint.kind: value}}

@@ -352,3 +352,65 @@ def test_an_engine_url_with_a_password_is_refused_so_it_never_reaches_the_page()
     with pytest.raises(UserError, match="must not carry a user or password") as refused:
         parse_url("openai:http://user:secret@gpu-box:8000")
     assert refused.value.field == "engine" and "secret" not in refused.value.message
+
+
+def test_every_sampling_field_the_built_in_engine_implements_is_forwarded(engine, remote):
+    sampling = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3, "frequency_penalty": 0.5}
+    sampling |= {"presence_penalty": -0.5, "repetition_penalty": 1.2, "logit_bias": {"42": -100}}
+    one_terminal(events_of(engine.submit(ask("hi", sampling=sampling, min_new_tokens=2, ignore_eos=True)), timeout=10))
+    sent = remote.bodies[-1]
+    assert {k: sent[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed")} == {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3
+    }  # fmt: skip
+    assert (sent["frequency_penalty"], sent["presence_penalty"], sent["repetition_penalty"]) == (0.5, -0.5, 1.2)
+    assert sent["logit_bias"] == {"42": -100} and sent["min_tokens"] == 2 and sent["ignore_eos"] is True
+
+
+def test_fields_at_their_neutral_values_are_not_sent(engine, remote):
+    one_terminal(events_of(engine.submit(ask("hi")), timeout=10))
+    sent = remote.bodies[-1]
+    neutral = ("min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens")
+    assert not set(sent) & {*neutral, "ignore_eos", "response_format", "structured_outputs"}
+
+
+@pytest.mark.parametrize(
+    "kind, spec, sent",
+    [
+        ("json_object", "", {"response_format": {"type": "json_object"}}),
+        (
+            "json_schema",
+            '{"type": "object"}',
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": {"type": "object"}},
+                }
+            },
+        ),
+        ("regex", "[ab]+", {"structured_outputs": {"regex": "[ab]+"}}),
+        ("choice", '["yes", "no"]', {"structured_outputs": {"choice": ["yes", "no"]}}),
+        ("grammar", 'root ::= "x"', {"structured_outputs": {"grammar": 'root ::= "x"'}}),
+    ],
+)
+def test_a_constraint_is_forwarded_as_vllm_takes_it(engine, remote, kind, spec, sent):
+    from model_runner.shared.constraints import Constraint
+
+    params = dataclasses.replace(ask("hi"), constraint=Constraint(kind, spec, "f"))
+    one_terminal(events_of(engine.submit(params), timeout=10))
+    assert {k: remote.bodies[-1][k] for k in sent} == sent
+
+
+def test_through_the_api_a_remote_answers_what_it_takes_and_its_400_names_the_field(engine, remote):
+    from app import create_app
+
+    client = create_app({"TESTING": True, "ENGINE": engine}).test_client()
+    fields = {"min_p": 0.1, "repetition_penalty": 1.1, "structured_outputs": {"regex": "[a-z ]+"}, "stream": True}
+    # Streamed: without --engine-config the prompt's token count is not visible, so no usage is asked.
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **fields})
+    deltas = [json.loads(line[6:]) for line in answer.get_data(as_text=True).splitlines() if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in deltas if c["choices"])
+    assert answer.status_code == 200 and text == "".join(WORDS)
+    assert remote.bodies[-1]["structured_outputs"] == {"regex": "[a-z ]+"} and remote.bodies[-1]["min_p"] == 0.1
+    remote.mode = "http_error"  # the server refuses a field: its 400 comes back naming it
+    refused = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "min_p": 0.1})
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "max_tokens"
