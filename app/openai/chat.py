@@ -136,7 +136,7 @@ def parse_chat(body: Any, ids: list[str], model: Any) -> ChatCall:
         n, _ = rf.choices_count({"n": body.get("n")}, stream)
         payload = {
             "messages": messages(body.get("messages"), model.tool_turns),
-            **rf.payload(body, max_tokens, None, model.context, model.vocab),
+            **rf.payload(body, max_tokens, None, model.vocab),
             "candidates": top or 0,
         }
         params = parse_generate(payload, rf.limits(model.context), roles=(*ROLES, "tool"))

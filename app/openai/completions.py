@@ -116,7 +116,7 @@ def _params(body: dict, prompt: Prompt, model: Any, top: int | None, echo: bool,
     max_tokens = 1 if echo_only else body.get("max_tokens")  # the engine always chooses one token
     payload: dict[str, Any] = {
         "messages": [{"role": "user", "content": content}],
-        **rf.payload(body, max_tokens, DEFAULT_MAX_TOKENS, model.context, model.vocab),
+        **rf.payload(body, max_tokens, DEFAULT_MAX_TOKENS, model.vocab),
         "candidates": top or 0,
     }
     if prompt.ids:

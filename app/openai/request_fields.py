@@ -175,7 +175,7 @@ def stops(body: dict) -> list[str] | None:
     return stop
 
 
-def payload(body: dict, max_tokens: Any, default_max: int | None, context: int | None, vocab: int | None) -> dict:
+def payload(body: dict, max_tokens: Any, default_max: int | None, vocab: int | None) -> dict:
     """The `generate` fields for the sampling and length fields; the caller adds the prompt. Without
     `max_tokens` and without a default no length is sent: the answer may run to the end of the context
     (vLLM's default; `limits` makes that parse_generate's default)."""

@@ -156,7 +156,7 @@ def parse_responses(body: Any, ids: list[str], model: Any) -> ResponsesCall:
         stream, _, _ = rf.stream_options({"stream": body.get("stream")})
         payload = {
             "messages": conversation(body),
-            **rf.payload(body, body.get("max_output_tokens"), None, model.context, model.vocab),
+            **rf.payload(body, body.get("max_output_tokens"), None, model.vocab),
             "candidates": 0,
         }
         params = parse_generate(payload, rf.limits(model.context))
