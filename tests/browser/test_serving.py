@@ -659,13 +659,13 @@ def test_the_math_module_on_its_own(page, fake_server, console_errors):
 
 
 def test_the_attention_math_module_on_its_own(page, fake_server, console_errors):
-    """static/js/serving/attention-math.js, imported alone: the axes and the chart's model of a result."""
+    """static/js/serving/attention-cost-math.js, imported alone: the axes and the chart's model of a result."""
     serve_trace(page)
     page.goto(fake_server.url + "/")
     result = EXP["attention_cost"]
     got = page.evaluate(
         """async (result) => {
-      const m = await import('/static/js/serving/attention-math.js');
+      const m = await import('/static/js/serving/attention-cost-math.js');
       const s = m.linearScale([0, 10], [100, 200]);
       return { ticks: [m.ticks(8190), m.ticks(37.7), m.ticks(1), m.ticks(0)], scale: [s(0), s(5), s(10)],
                at: m.fitAt({ intercept_ms: 20, slope_us_per_1k_positions: 5000 }, 2000), model: m.chartModel(result) };

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDING_PATH = ROOT / "static/data/invariance-trace.json"
 SECTION = "#serving-invariance"
 NARROW, WIDE = {"width": 375, "height": 740}, {"width": 1440, "height": 900}
-NEAR_TIE = 0.1  # static/js/serving/invariance-math.js
+NEAR_TIE = 0.1  # static/js/serving/batch-invariance-math.js
 
 
 def same_bits(run: dict) -> tuple[int, int, bool]:
@@ -35,7 +35,7 @@ BFLOAT16_INPUTS = ("int4", "int8")  # routes whose decode matmuls round their in
 
 
 def default_sentence(result: dict, machine: dict) -> str:
-    """invariance-math.js defaultClaim, worked out from the data."""
+    """batch-invariance-math.js defaultClaim, worked out from the data."""
     run = result["runs"]["default"]
     same = sum(r["same_answer"] for r in run["requests"])
     text = (
@@ -51,9 +51,9 @@ def default_sentence(result: dict, machine: dict) -> str:
         )
         if machine.get("route") in BFLOAT16_INPUTS:  # the amplifier: a changed sum rounds to another bfloat16 input
             tail += (
-                f". The gap moved by {fixed(abs(a - b), 4)} logits, far more than a float32 sum moves in its last bits: "
+                f". The gap moved by {fixed(abs(a - b), 4)} logits, far more than reordering a float32 sum moves it: "
                 f"on the {machine['route']} route each decode matmul rounds its inputs to bfloat16 (8 significant bits), "
-                "so a sum that changed in its last bits can round to the next bfloat16 value, a step of 0.4 to 0.8 % "
+                "so a sum that changed in its lowest bits can round to the next bfloat16 value, a step of 0.4 to 0.8 % "
                 "of its size, and the layers after carry that step forward."
             )
         else:
@@ -79,7 +79,7 @@ def default_sentence(result: dict, machine: dict) -> str:
 
 
 def mode_sentence(result: dict, machine: dict, recorded_on: dict | None) -> str:
-    """invariance-math.js modeClaim, worked out from the data and the load it ran at (start and end for a
+    """batch-invariance-math.js modeClaim, worked out from the data and the load it ran at (start and end for a
     recording, the answer's own for a live run)."""
     run, base = result["runs"]["invariant"], result["runs"]["default"]
     same = sum(r["same_answer"] for r in run["requests"])

@@ -268,7 +268,7 @@ def test_the_models_configuration_and_the_requests_settings_are_not_called_measu
       const run = trace.deriveRun(T);
       return ['vocab', 'layers', 'head-dim', 'max-new', 'context-window', 'messages', 'cache-bytes', 'cache-reserved',
               'prefill-ms'].map((f) => stages.factProvenance(f, run));""")
-    # the reserved bytes are the pool's blocks (measured) times its bytes per block: computed, as in serving/paged.js
+    # the reserved bytes are the pool's blocks (measured) times its bytes per block: computed, as in serving/paged-blocks.js
     assert got == ["setting"] * 6 + ["computed", "computed", "measured"]
 
 

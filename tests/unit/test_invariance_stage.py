@@ -1,5 +1,5 @@
 """The serving chapter's batch-invariance stage says only what the run it draws shows: its sentences
-(static/js/serving/invariance-math.js, run in node) against the shipped recording and against runs built to
+(static/js/serving/batch-invariance-math.js, run in node) against the shipped recording and against runs built to
 take each other branch, and the recorders that make that recording (scripts/record_invariance_trace.py, and
 scripts/record_serving_trace.py, which leaves the experiment to it)."""
 
@@ -18,7 +18,7 @@ from serving_experiments.contract import RECORDED_APART, check_response
 from serving_experiments.registry import EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
-MATH = (ROOT / "static/js/serving/invariance-math.js").as_uri()
+MATH = (ROOT / "static/js/serving/batch-invariance-math.js").as_uri()
 RECORDING = json.loads((ROOT / "static/data/invariance-trace.json").read_text(encoding="utf-8"))
 SERVING = json.loads((ROOT / "static/data/serving-trace.json").read_text(encoding="utf-8"))
 
@@ -74,7 +74,11 @@ def test_the_stages_sentences_for_the_shipped_recording(tmp_path):
     assert claims(tmp_path, RECORDING) == [
         "In this run, on the default route, 7 of 8 answers came back from the batch as they were alone. Request G "
         "parted at token 27, where its two candidates were 0.0132 apart in logits alone and 0.0577 apart the other "
-        "way in the batch: a near-tie (under 0.1 logits), tipped by a changed sum. Counting each answer up to where "
+        "way in the batch: a near-tie (under 0.1 logits), tipped by a changed sum. The gap moved by 0.0709 logits, "
+        "far more than reordering a float32 sum moves it: on the int4 route each decode matmul rounds its inputs to "
+        "bfloat16 (8 significant bits), so a sum that changed in its lowest bits can round to the next bfloat16 "
+        "value, a step of 0.4 to 0.8 % of its size, and the layers after carry that step forward. Counting each "
+        "answer up to where "
         "it parted, if it did, 228 of 228 tokens were chosen with a probability that was not the same float as "
         "alone: the sums changed even where the choice held.",
         "With the mode on, 8 of 8 answers were the lone ones, every token's probability the same to the last bit. "

@@ -5,7 +5,7 @@
 import { html, svgEl } from '../shared/dom.js';
 import { formatInt, formatMs, formatSize } from '../shared/format.js';
 import { axes, clear, readouts, table, value } from './view.js';
-import { chartModel, linearScale } from './attention-math.js';
+import { chartModel, linearScale } from './attention-cost-math.js';
 
 const W = 420;
 const H = 230;

@@ -16,14 +16,14 @@ import { CLAIMS } from './claims.js';
 import { decoderOf, servingRoute } from '../shared/route.js';
 import * as whyBatch from './why-batch.js';
 import * as batching from './batching.js';
-import * as paged from './paged.js';
-import * as chunked from './chunked.js';
-import * as prefix from './prefix.js';
+import * as paged from './paged-blocks.js';
+import * as chunked from './chunked-prefill.js';
+import * as prefix from './prefix-caching.js';
 import * as attentionCost from './attention-cost.js';
 import * as speculative from './speculative.js';
 import * as disagg from './disagg.js';
-import * as worked from './worked.js';
-import * as invariance from './invariance.js';
+import * as worked from './pricing.js';
+import * as invariance from './batch-invariance.js';
 
 const MODULES = { 'why-batch': whyBatch, batching, paged, chunked, prefix, 'attention-cost': attentionCost, speculative,
   disagg, worked };

@@ -6,7 +6,7 @@
 import { html } from '../shared/dom.js';
 import { MISSING, formatFixed, formatInt, formatMs } from '../shared/format.js';
 import { runExperiment, listExperiments } from './data.js';
-import { CLAIMS, MODES, agreement, gapText, loadText, loadsOf, rateText } from './invariance-math.js';
+import { CLAIMS, MODES, agreement, gapText, loadText, loadsOf, rateText } from './batch-invariance-math.js';
 import { clear, setting, table, tag, value } from './view.js';
 import { decoderOf } from '../shared/route.js';
 

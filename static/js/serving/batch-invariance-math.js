@@ -69,9 +69,9 @@ function partingParts(p, route) {
   }
   if (BFLOAT16_INPUTS.includes(route)) {
     // a swing of hundredths of a logit is far more than float32 rounding moves a sum: the bfloat16 inputs amplify it
-    parts.push('. The gap moved by ', [formatFixed(Math.abs(a - b), 4), 'computed'], ' logits, far more than a float32 sum '
-      + 'moves in its last bits: on the ', [route, 'setting'], ' route each decode matmul rounds its inputs to bfloat16 (',
-    [formatInt(BFLOAT16_BITS), 'setting'], ' significant bits), so a sum that changed in its last bits can round to the next '
+    parts.push('. The gap moved by ', [formatFixed(Math.abs(a - b), 4), 'computed'], ' logits, far more than reordering a '
+      + 'float32 sum moves it: on the ', [route, 'setting'], ' route each decode matmul rounds its inputs to bfloat16 (',
+    [formatInt(BFLOAT16_BITS), 'setting'], ' significant bits), so a sum that changed in its lowest bits can round to the next '
       + 'bfloat16 value, a step of ', [`${formatFixed(100 / 2 ** BFLOAT16_BITS, 1)} to ${formatFixed(200 / 2 ** BFLOAT16_BITS, 1)} %`,
       'computed'], ' of its size, and the layers after carry that step forward.');
   } else parts.push('.');
