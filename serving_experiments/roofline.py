@@ -175,16 +175,22 @@ class Kernels:
 
         return torch.randn(1, rows, width, device=self.device, dtype=self.dtype)
 
-    def _layer_call(self, rows: int):
+    def _layer_call(self, rows: int, layers: list | None = None):
         # one tensor a width: siblings (q, k, v; gate, up) share one call on the same input, as in the model
         inputs = {m.in_features: self._x(rows, m.in_features) for m in self.projections}
 
         def run():
-            for projections in self.every_layer:
+            for projections in layers or self.every_layer:
                 for module in projections:
                     module(inputs[module.in_features])
 
         return run
+
+    def _work(self, call: tuple[str, int, bool]):
+        part, rows, _ = call
+        if part == "gemm":  # the GEMM's rate only: one layer stands for all (its time times the layers)
+            return self._layer_call(rows, self.every_layer[:1])
+        return (self._layer_call if part == "layers" else self._head_call)(rows)
 
     def _head_call(self, rows: int):
         x = self._x(rows, self.head.in_features)
@@ -199,16 +205,17 @@ class Kernels:
             return _best_of(self.device, 1, work)
 
     def measure(self, calls: list[tuple[str, int, bool]]) -> dict[tuple[str, int, bool], float]:
-        """{(part, rows, decode): best seconds} for each ("layers" | "head", rows, decode), measured in rounds
-        so a busy moment of a shared machine spoils one call of each rather than all calls of one."""
-        works = {c: (self._layer_call if c[0] == "layers" else self._head_call)(c[1]) for c in calls}
+        """{(part, rows, decode): best seconds} for each ("layers" | "head" | "gemm", rows, decode), measured in
+        rounds so a busy moment of a shared machine spoils one call of each rather than all calls of one; "gemm"
+        (the float32 GEMM's rate at a size no step runs) times one layer and scales it by the layers."""
+        works = {c: self._work(c) for c in calls}
         for call, work in works.items():
             self._timed(call[1], call[2], work)  # warm: kernel selection, allocation
         best = dict.fromkeys(calls, float("inf"))
         for _ in range(REPEATS):
             for call, work in works.items():
                 best[call] = min(best[call], self._timed(call[1], call[2], work))
-        return best
+        return {c: (t * self.layers if c[0] == "gemm" else t) for c, t in best.items()}
 
     def layer_flops(self, rows: int) -> int:
         return 2 * rows * self.layers * sum(m.in_features * m.out_features for m in self.projections)
@@ -289,7 +296,7 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
     tokens = prefill["tokens"]
     batches = [d["batch"] for d in decodes]
     calls = [("layers", tokens, False), ("head", 1, False)]
-    calls += [("layers", r, False) for r in GEMM_ROWS]
+    calls += [("gemm", r, False) for r in GEMM_ROWS]
     calls += [(part, b, True) for b in batches for part in ("layers", "head")]
     timed = kernels.measure(calls)
 
@@ -320,7 +327,9 @@ def roofline(loaded, prefill: dict, decodes: list[dict]) -> dict:
         points.append({"phase": "decode", "batch": b, "rows": b, **p})
     floors = _check_floors(points)
 
-    gemm = {r: kernels.layer_flops(r) / timed[("layers", r, False)] for r in (tokens, *GEMM_ROWS)}
+    gemm = {
+        r: kernels.layer_flops(r) / timed[("layers" if r == tokens else "gemm", r, False)] for r in (tokens, *GEMM_ROWS)
+    }
     gemm_kernel = kernel_name(shape.route, max(GEMM_ROWS), False, shape.float_prefill)
     peak = max(gemm.values())
     return {

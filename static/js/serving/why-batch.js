@@ -49,7 +49,8 @@ function bars(parent, points) {
   value(note, counts.map(formatInt).join(' or ') || 'measured', 'measured');
   note.append(' full-batch steps of its batch size, not their median (median steps: ');
   value(note, points.map((p) => formatMs(p.step_ms_median)).join(', '), 'measured');
-  note.append('): on a shared machine the slower steps measure the neighbours too.');
+  note.append('): on a shared machine the slower steps measure the neighbours too, so the sentence beside the bars '
+    + 'draws its verdict only where the medians agree with the fastest steps.');
 }
 
 const pointName = (p) => (p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`);
