@@ -140,7 +140,7 @@ def parse_chat(body: Any, ids: list[str], model: Any) -> ChatCall:
             "candidates": top or 0,
         }
         params = parse_generate(payload, rf.limits(model.context), roles=(*ROLES, "tool"))
-        params = dataclasses.replace(params, constraint=structured.checked(structured.constraint_of(body), model))
+        params = dataclasses.replace(params, constraint=structured.constraint_of(body))
     except UserError as exc:
         raise rf.rename_field(exc, {"max_new_tokens": length_name}) from None
     return ChatCall([with_seed(params, i) for i in range(n)], top, stream, include_usage, continuous)

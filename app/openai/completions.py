@@ -142,7 +142,7 @@ def parse_completion(body: Any, ids: list[str], model: Any) -> CompletionCall:
         stream, include_usage, continuous = rf.stream_options(body)
         n, best_of = rf.choices_count(body, stream)
         sent = prompts(body.get("prompt"), model.tokenizer, model.vocab)
-        constraint = structured.checked(structured.constraint_of(body), model)
+        constraint = structured.constraint_of(body)
         if len(sent) * best_of > rf.MAX_REQUESTS:
             raise UserError(
                 f"{len(sent)} prompts × {best_of} choices = {len(sent) * best_of} requests; at most "

@@ -160,7 +160,7 @@ def parse_responses(body: Any, ids: list[str], model: Any) -> ResponsesCall:
             "candidates": 0,
         }
         params = parse_generate(payload, rf.limits(model.context))
-        constraint = structured.checked(structured.constraint_of(body, "text.format"), model)
+        constraint = structured.constraint_of(body, "text.format")
         params = dataclasses.replace(params, constraint=constraint)
     except UserError as exc:
         if (exc.field or "").startswith("messages"):  # the conversation parse_generate saw is `input` here

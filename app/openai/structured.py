@@ -1,17 +1,16 @@
-"""Structured outputs as vLLM takes them, read into one `Constraint` (model_runner/shared/constraints.py):
+"""Structured outputs as vLLM takes them, read into one `Constraint` (model_runner/protocol/constraint.py):
 OpenAI's `response_format` (`json_object`, or `json_schema` with its `schema`), vLLM's
 `structured_outputs` (exactly one of `json`, `regex`, `choice`, `grammar`, `json_object`), and the
-Responses API's `text.format`. On the built-in engine the constraint is compiled here, so a schema
-xgrammar refuses is a 400 naming the field before anything runs; a remote engine forwards it."""
+Responses API's `text.format`. The built-in engine compiles it when the request is submitted, so a
+schema xgrammar refuses is a 400 naming the field before anything runs; a remote engine forwards it."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from model_runner.protocol.constraint import Constraint, check_ending, make_constraint
 from model_runner.protocol.errors import UserError
 from model_runner.protocol.fields import json_repr
-from model_runner.shared.constraints import Constraint, compiled
 
 FIELDS = ("response_format", "structured_outputs")  # the request fields read here (chat and completions)
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
@@ -22,18 +21,6 @@ STRUCTURED_NEUTRAL = {
     "disable_additional_properties": (None, False),
     "whitespace_pattern": (None,),
 }
-MAX_CHOICES = 1000
-
-
-def _schema_text(schema: Any, field: str) -> str:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"`{field}` is not valid JSON: {exc}", field=field) from None
-    if not isinstance(schema, (dict, bool)):
-        raise UserError(f"`{field}` must be a JSON schema object, got {json_repr(schema)}", field=field)
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
 
 
 def from_response_format(value: Any, where: str = "response_format") -> Constraint | None:
@@ -45,7 +32,7 @@ def from_response_format(value: Any, where: str = "response_format") -> Constrai
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint("json_object", "", where)
+        return make_constraint("json_object", None, where)
     if kind == "json_schema":
         inner = value if where != "response_format" else value.get("json_schema")
         inner_where = where if where != "response_format" else f"{where}.json_schema"
@@ -53,9 +40,7 @@ def from_response_format(value: Any, where: str = "response_format") -> Constrai
             raise UserError(
                 f"`{inner_where}.schema` is required for a json_schema format", field=f"{inner_where}.schema"
             )
-        return Constraint(
-            "json_schema", _schema_text(inner["schema"], f"{inner_where}.schema"), f"{inner_where}.schema"
-        )
+        return make_constraint("json_schema", inner["schema"], f"{inner_where}.schema")
     raise UserError(
         f'`{where}.type` must be "text", "json_object" or "json_schema", got {json_repr(kind)}',
         field=f"{where}.type",
@@ -88,21 +73,8 @@ def from_structured_outputs(value: Any) -> Constraint | None:
             field="structured_outputs",
         )
     name = given[0]
-    where = f"structured_outputs.{name}"
-    if name == "json_object":
-        return Constraint("json_object", "", where)
-    if name == "json":
-        return Constraint("json_schema", _schema_text(value[name], where), where)
-    if name == "choice":
-        choices = value[name]
-        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-            raise UserError(f"`{where}` must be a non-empty list of strings", field=where)
-        if len(choices) > MAX_CHOICES:
-            raise UserError(f"`{where}` may hold at most {MAX_CHOICES} strings, got {len(choices)}", field=where)
-        return Constraint("choice", json.dumps(choices, ensure_ascii=False), where)
-    if not isinstance(value[name], str) or not value[name]:
-        raise UserError(f"`{where}` must be a non-empty string", field=where)
-    return Constraint(STRUCTURED_KINDS[name], value[name], where)
+    kind = "json_object" if name == "json_object" else STRUCTURED_KINDS[name]
+    return make_constraint(kind, value[name], f"structured_outputs.{name}")
 
 
 def constraint_of(body: dict, format_field: str = "response_format") -> Constraint | None:
@@ -121,18 +93,5 @@ def constraint_of(body: dict, format_field: str = "response_format") -> Constrai
             field="structured_outputs",
         )
     constraint = fmt or outputs
-    if constraint is not None:
-        for name in ("ignore_eos", "min_tokens"):
-            if body.get(name):
-                raise UserError(
-                    f"`{name}` cannot run with a constraint: the grammar decides where the answer may end",
-                    field=name,
-                )
-    return constraint
-
-
-def checked(constraint: Constraint | None, model: Any) -> Constraint | None:
-    """On the built-in engine (its tokenizer is here), compile it now: what xgrammar refuses is a 400."""
-    if constraint is not None and model.tokenizer is not None and model.vocab:
-        compiled(constraint, model.tokenizer, model.vocab)
+    check_ending(constraint, body.get("ignore_eos"), body.get("min_tokens"), ("ignore_eos", "min_tokens"))
     return constraint

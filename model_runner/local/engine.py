@@ -28,6 +28,7 @@ from model_runner.local.step.forward import BatchForward, Forwards, run_step
 from model_runner.protocol.errors import UserError
 from model_runner.protocol.request import GenerateParams
 from model_runner.shared.base import EngineBase
+from model_runner.shared.constraints import compiled
 from model_runner.shared.feed import EngineFeed
 from model_runner.shared.policy import Policy
 from model_runner.shared.sequence import Sequence, State
@@ -133,6 +134,8 @@ class Engine(EngineBase, AdmissionControls):
         more KV blocks than the whole pool holds). `feed_text`: whether the feed may carry this
         request's prompt and answer (None: the server's `feed_text`), fixed when it is submitted."""
         self._require_ready()
+        if params.constraint is not None:  # a grammar xgrammar refuses is a UserError naming the field, now
+            compiled(params.constraint, self.loaded.tokenizer, self.loaded.facts.vocab_size)
         view = plan(self.loaded.tokenizer, params, self.loaded.facts.context_window)
         seq = Sequence(
             id=request_id or f"req-{next(self._ids)}",

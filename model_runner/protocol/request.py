@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from model_runner.protocol.constraint import Constraint, check_ending, from_wire
 from model_runner.protocol.errors import UserError
 from model_runner.protocol.fields import (
     check_bool,
@@ -104,9 +105,9 @@ class GenerateParams:
     # A prompt sent as token ids (POST /v1/completions): run as sent, never re-tokenized; the one message
     # holds its decoded text. Empty: the prompt is the messages' text.
     prompt_ids: tuple[int, ...] = ()
-    # What the answer must match (model_runner/shared/constraints.py's Constraint: a JSON schema, a regex,
-    # one of some choices, a grammar); None = free text.
-    constraint: Any = None
+    # What the answer must match (model_runner/protocol/constraint.py: a JSON schema, a regex, one of some
+    # choices, a grammar); None = free text.
+    constraint: Constraint | None = None
 
 
 # ---- validation -----------------------------------------------------------------------------
@@ -274,6 +275,7 @@ FIELDS = (
     "candidates",
     "prompt_logprobs",
     "prompt_ids",
+    "constraint",
 )
 FRAME_FIELDS = ("type", "request_id")
 SAMPLING_FIELDS = (
@@ -357,6 +359,7 @@ def parse_generate(data: Any, limits: dict | None = None, roles: tuple[str, ...]
         candidates=int_field(data, "candidates", 0, limits["candidates"], 5),
         prompt_logprobs=int_field(data, "prompt_logprobs", 0, limits["candidates"], None),
         prompt_ids=_prompt_ids(data, limits),
+        constraint=from_wire(data.get("constraint")),
     )
     _refuse_unknown(data, FIELDS + FRAME_FIELDS)
     if params.prefill_chunk and not params.kv_cache:
@@ -365,6 +368,7 @@ def parse_generate(data: Any, limits: dict | None = None, roles: tuple[str, ...]
             "values of the chunks before it; set `kv_cache` to true or `prefill_chunk` to 0",
             field="prefill_chunk",
         )
+    check_ending(params.constraint, params.ignore_eos, params.min_new_tokens, ("ignore_eos", "min_new_tokens"))
     if params.max_new_tokens is not None and params.min_new_tokens > params.max_new_tokens:
         raise UserError(
             f"`min_new_tokens` ({params.min_new_tokens}) may not exceed `max_new_tokens` ({params.max_new_tokens})",

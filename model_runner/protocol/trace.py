@@ -57,6 +57,11 @@ MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "bytes_per_element", "
 TOKEN_FIELDS = ("id", "text", "source")
 
 
+# May be absent: an error's `field`, and a token's `mask` (traces recorded before constraints existed
+# have none; a token without one was not constrained).
+OPTIONAL_FIELDS = frozenset({"field", "mask"})
+
+
 def event_fields(type_: str) -> set[str]:
     """The keys an event of this type carries on the wire (events.Event.to_dict)."""
     return {"type", "schema"} | {f.name for f in dataclasses.fields(EVENT_TYPES[type_])}
@@ -102,7 +107,7 @@ def event_problems(events: list, layers: object, inspected: bool) -> list[str]:
         if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
             problems.append(f"{where} is not a protocol event")
             continue
-        missing = event_fields(event["type"]) - set(event) - {"field"}
+        missing = event_fields(event["type"]) - set(event) - OPTIONAL_FIELDS
         if missing:
             problems.append(f"{where} ({event['type']}) lacks {', '.join(sorted(missing))}")
         t = event.get("t_ms")

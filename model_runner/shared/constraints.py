@@ -1,5 +1,5 @@
-"""Structured outputs on xgrammar: a `Constraint` (JSON object, JSON schema, regex, one of some
-choices, or an EBNF grammar) compiled once per tokenizer into a grammar, and a `Guide` per request
+"""Structured outputs on xgrammar: a `Constraint` (model_runner/protocol/constraint.py: a JSON object,
+a JSON schema, a regex, one of some choices, or an EBNF grammar) compiled once per tokenizer, and a `Guide` per request
 that, at every step, fills the request's token bitmask from its grammar matcher, applies it to that
 request's logits before sampling (a forbidden token's logit becomes -inf, so it is never drawn and
 nothing is re-sampled), says what the mask allowed, and advances the matcher by the chosen token.
@@ -18,25 +18,12 @@ from typing import Any
 
 import torch
 
+from model_runner.protocol.constraint import Constraint
 from model_runner.protocol.errors import UserError
 
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 # xgrammar's errors start with its log stamp and C++ source line: "[13:40:36] /project/cpp/x.cc:83: ".
 _STAMP = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
 _CACHE_BYTES = 64 * 2**20  # compiled grammars kept per tokenizer
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """What the answer must match. `spec`: the schema as JSON text, the regex, the EBNF grammar, the
-    choices as a JSON list, or "" for any JSON object; `field`: the request field it came from."""
-
-    kind: str
-    spec: str
-    field: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "spec": self.spec}
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from model_runner.protocol.constraint import Constraint
 from model_runner.protocol.request import parse_generate
-from model_runner.shared.constraints import Constraint
 
 MAX_TOKENS = 160  # room for every answer below; an answer still open at this length fails the test
 

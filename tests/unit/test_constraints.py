@@ -11,8 +11,9 @@ import re
 import pytest
 import torch
 
+from model_runner.protocol.constraint import Constraint
 from model_runner.protocol.errors import UserError
-from model_runner.shared.constraints import Constraint, Guide, allowed_tokens, compiled
+from model_runner.shared.constraints import Guide, allowed_tokens, compiled
 from model_runner.text.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

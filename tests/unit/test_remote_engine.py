@@ -393,7 +393,7 @@ def test_fields_at_their_neutral_values_are_not_sent(engine, remote):
     ],
 )
 def test_a_constraint_is_forwarded_as_vllm_takes_it(engine, remote, kind, spec, sent):
-    from model_runner.shared.constraints import Constraint
+    from model_runner.protocol.constraint import Constraint
 
     params = dataclasses.replace(ask("hi"), constraint=Constraint(kind, spec, "f"))
     one_terminal(events_of(engine.submit(params), timeout=10))

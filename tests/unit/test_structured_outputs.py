@@ -15,8 +15,8 @@ import re
 import pytest
 
 from app import create_app
+from model_runner.protocol.constraint import Constraint
 from model_runner.protocol.request import parse_generate
-from model_runner.shared.constraints import Constraint
 
 SCHEMA = {
     "type": "object",
