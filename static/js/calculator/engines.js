@@ -7,7 +7,7 @@ import { formatBytes, plural } from '../shared/format.js';
 import { KvInputError, cacheBytes } from './kv-layers.js';
 
 function engineLine(e, storage, ctx) {
-  if (!e.groups) return `${e.engine}: not counted here. ${e.source}.`;
+  if (!e.groups) return `${e.engine}: not counted here (${e.source}).`;
   try {
     const bytes = cacheBytes(e.groups, ctx, 1, { ...storage, ...(e.storage || {}) });
     const image = bytes.perImageBytes ? ` + ${formatBytes(bytes.perImageBytes)} per image` : '';

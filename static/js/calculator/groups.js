@@ -204,3 +204,19 @@ export function renderKeys(el, read, entry) {
   if (read.weights) items.push(html('li', { text: `${read.weights.key} → weights: ${read.weights.note}` }));
   el.replaceChildren(...flagged, ...items);
 }
+
+// "Each further token adds X": one more position in every layer still growing at this length, before block
+// rounding (with blocks of B the next token takes nothing, or a whole block at once).
+export function renderFurther(el, further, perToken, ctx, tp, block) {
+  const gpus = tp > 1 ? `, over all ${tp} GPUs` : '';
+  let why = ` (only the layers without a window or chunk grow past ${formatInt(ctx)}; one position in every layer is ${formatBytes(perToken)})`;
+  if (further === perToken) why = ' (every layer that keeps positions still grows here)';
+  if (further === 0) {
+    el.replaceChildren('Each further token adds ', bytesNode(0), ' to each sequence: nothing grows past this length, every window, chunk and state is full.');
+    return;
+  }
+  const blocks = block > 1
+    ? ` In blocks of ${block} positions the cache takes nothing until the last block is full, then ${block} positions' worth at once.`
+    : '';
+  el.replaceChildren('Each further token adds ', bytesNode(further), ` to each sequence before block rounding${gpus}${why}.${blocks}`);
+}
