@@ -381,6 +381,36 @@ def test_controls_reach_the_server(fake_server, page, console_errors):
     assert console_errors == []
 
 
+def test_choose_one_of_masks_the_answer_and_the_token_panel_says_what_the_grammar_allowed(
+    fake_server, page, console_errors
+):
+    open_lab(page, fake_server)
+    expect(page.locator("#lab-choices")).to_be_disabled()  # only "choose one of" reads the choices
+    page.select_option("#lab-constraint", "choice")
+    page.fill("#lab-choices", "red\ngreen\n\n")
+    run_and_wait(page, "finished")
+    assert page.evaluate("window.__labSent")[-1]["constraint"] == {"kind": "choice", "spec": ["red", "green"]}
+    done, first = frames(page, "finished")[-1], frames(page, "token")[0]
+    assert done["text"] in ("red", "green") and first["mask"] == {"allowed": 2, "first_allowed": False}
+    page.focus("#lab-answer")
+    page.keyboard.press("Home")  # the first token: r or g allowed; the fake model wanted "H"
+    note = page.locator("#lab-candidates .lab-mask-note")
+    expect(note).to_contain_text("The grammar allowed 2 tokens at this step")
+    expect(note).to_contain_text("first choice was forbidden")
+    # Force JSON: the frame asks for an object; without a constraint no note is drawn.
+    page.select_option("#lab-constraint", "json_object")
+    set_max_new(page, 4)
+    run_and_wait(page, "finished")
+    assert page.evaluate("window.__labSent")[-1]["constraint"] == {"kind": "json_object"}
+    assert frames(page, "finished")[-1]["text"].startswith('{"')
+    page.select_option("#lab-constraint", "none")
+    run_and_wait(page, "finished")
+    assert "constraint" not in page.evaluate("window.__labSent")[-1]
+    page.keyboard.press("Home")
+    expect(page.locator("#lab-candidates .lab-mask-note")).to_have_count(0)
+    assert console_errors == []
+
+
 def test_dropped_connection_is_shown_and_not_retried(fake_server, page, console_errors):
     open_lab(page, fake_server)
     set_max_new(page, 200)

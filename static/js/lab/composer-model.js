@@ -29,6 +29,14 @@ export function numberOrNull(text) {
   return Number.isFinite(n) ? n : t;
 }
 
+// The `constraint` a generate frame carries, or null: "force JSON" is any JSON object, "choose one
+// of" the non-blank lines as the choices.
+export function buildConstraint({ constraint = 'none', choices = '' }) {
+  if (constraint === 'json_object') return { kind: 'json_object' };
+  if (constraint === 'choice') return { kind: 'choice', spec: choices.split('\n').map((c) => c.trim()).filter(Boolean) };
+  return null;
+}
+
 export function buildPayload(composer, controls) {
   const sampling = controls.sampling === 'sample'
     ? { temperature: numberOrNull(controls.temperature), top_k: numberOrNull(controls.topK),
@@ -43,6 +51,7 @@ export function buildPayload(composer, controls) {
     kv_cache: controls.kvCache,
     prefill_chunk: numberOrNull(controls.prefillChunk) ?? 0,
     overflow: controls.overflow,
+    ...(buildConstraint(controls) ? { constraint: buildConstraint(controls) } : {}),
   };
 }
 

@@ -71,7 +71,7 @@ const APPLY = {
     run.status = 'decode';
     run.tokens.push({
       index: e.index, id: e.id, text: e.text, pending: e.pending, prob: e.prob,
-      candidates: e.candidates || [], stepMs: e.step_ms,
+      candidates: e.candidates || [], stepMs: e.step_ms, mask: e.mask ?? null,
     });
     run.text += e.text;
     if (e.text && run.firstTextAt == null) run.firstTextAt = clientMs;

@@ -26,6 +26,19 @@ function endMark(run) {
   return CUT[run.terminal?.reason] ? ` ✂ ${CUT[run.terminal.reason]}` : '';
 }
 
+// A constrained step's mask in words (measured: the bitmask the engine applied); nothing otherwise.
+export function maskNote(mask) {
+  if (!mask) return [];
+  const verdict = mask.first_allowed
+    ? "the model's own first choice was allowed"
+    : "the model's own first choice was forbidden, so the answer took an allowed token instead";
+  const note = html('p', { cls: 'lab-mask-note' });
+  note.textContent = `The grammar allowed ${mask.allowed.toLocaleString('en-US')} `
+    + `${mask.allowed === 1 ? 'token' : 'tokens'} at this step; ${verdict}. `
+    + 'The tokens below are the likeliest allowed ones (forbidden tokens had probability 0).';
+  return [note];
+}
+
 // Its listeners and pending animation frame end with the lab's `figure`.
 export function createRunView(root, figure) {
   const statusEl = root.querySelector('#lab-status');
@@ -67,7 +80,7 @@ export function createRunView(root, figure) {
       table.append(tr);
     }
     if (!chosen) head.textContent += ' — sampled from outside the top five';
-    candEl.replaceChildren(head, table);
+    candEl.replaceChildren(head, ...maskNote(tok.mask), table);
     answerEl.querySelectorAll('.atok.is-selected').forEach((s) => s.classList.remove('is-selected'));
     answerEl.querySelector(`.atok[data-index="${tok.index}"]`)?.classList.add('is-selected');
     selected = i;
