@@ -44,6 +44,7 @@ URL_KEYS = [
     "vlen",
     "cfg",
     "round",
+    "img",
 ]
 HOSTILE = [
     "",
