@@ -2,7 +2,7 @@
 default setup against a live `kvscope serve` on the bundled model, one after another: lm-eval
 (local-completions with a local multiple-choice and a generate_until task, local-chat-completions),
 guidellm (synchronous and concurrent profiles), LangChain (chat and completions: invoke, stream,
-batch) and the openai SDK. Each client's exit status, wall time, last output lines and what the
+batch, with_structured_output) and the openai SDK (structured outputs and the Responses API too). Each client's exit status, wall time, last output lines and what the
 server's /metrics counted meanwhile are printed and written to artifacts/clients-run.json.
 
 Run with the project's python: `python tests/clients/run_clients.py --clients-python .venv-clients/bin/python`."""
@@ -141,12 +141,13 @@ def runs(bin_dir: Path, url: str, out: Path) -> list[tuple[str, list[str], Path]
             out,
         ),
         (
-            "LangChain ChatOpenAI and OpenAI: invoke, stream, batch",
+            "LangChain ChatOpenAI and OpenAI: invoke, stream, batch; ChatOpenAI.with_structured_output (Pydantic)",
             [python, str(HERE / "langchain_run.py"), url + "/v1", MODEL],
             out,
         ),
         (
-            "openai SDK: models, chat (streamed with usage, logprobs), completions (n=2, two prompts)",
+            "openai SDK: models, chat (streamed with usage, logprobs), completions (n=2, two prompts), "
+            "chat.completions.parse and its stream, responses.create (plain, streamed), responses.parse",
             [python, str(HERE / "sdk_run.py"), url + "/v1", MODEL],
             out,
         ),

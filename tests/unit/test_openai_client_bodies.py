@@ -2,7 +2,8 @@
 langchain-openai 1.7.4, the openai SDK 3.57.0, each captured once), replayed against the app on the fake
 model under the model name the clients used: every one is answered, in the shape the client reads
 (one choice per prompt and `n`, `index` in order, echo's prompt logprobs first null, a stream ending
-with its usage and `[DONE]`). Bodies with the real model's token ids replay in tests/model."""
+with its usage and `[DONE]`; a structured answer that parses; the Responses API's object or its event
+stream). Bodies with the real model's token ids replay in tests/model."""
 
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ def test_a_recorded_request_is_answered_in_the_shape_its_client_reads(client, na
         data = response.get_json()
         assert ("tokens" in data) if path == "/tokenize" else ("eos_token" in data)
         return
+    if path == "/v1/responses":
+        check_responses_answer(response, body)
+        return
     n = body.get("n") or 1
     expected = prompts_of(body) * n if path == "/v1/completions" else n
     if body.get("stream"):
@@ -86,9 +90,27 @@ def test_a_recorded_request_is_answered_in_the_shape_its_client_reads(client, na
         return
     data = response.get_json()
     assert [c["index"] for c in data["choices"]] == list(range(expected))
+    if (body.get("response_format") or {}).get("type") == "json_schema":  # the SDK's parse reads it back
+        assert all(json.loads(c["message"]["content"]) for c in data["choices"] if c["finish_reason"] == "stop")
     assert data["usage"]["total_tokens"] == data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"]
     if body.get("ignore_eos") and body.get("max_completion_tokens"):
         assert data["usage"]["completion_tokens"] == body["max_completion_tokens"]  # guidellm's fixed length
+
+
+def check_responses_answer(response, body: dict) -> None:
+    """The Responses API's shapes: a stream of typed events from response.created to response.completed
+    (no [DONE]), or one `response` object with its usage."""
+    if body.get("stream"):
+        lines = [line for line in response.get_data(as_text=True).split("\n") if line.startswith("data: ")]
+        kinds = [json.loads(line[len("data: ") :])["type"] for line in lines]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+        return
+    data = response.get_json()
+    assert data["object"] == "response" and data["status"] in ("completed", "incomplete")
+    usage = data["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["output_tokens"] > 0
+    if (body.get("text") or {}).get("format", {}).get("type") == "json_schema" and data["status"] == "completed":
+        assert isinstance(json.loads(data["output"][0]["content"][0]["text"]), dict)  # responses.parse reads it
 
 
 def test_guidellm_gets_exactly_the_output_length_it_asks_for_in_every_chunk_count(client):
