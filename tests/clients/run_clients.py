@@ -2,8 +2,9 @@
 default setup against a live `kvscope serve` on the bundled model, one after another: lm-eval
 (local-completions with a local multiple-choice and a generate_until task, local-chat-completions),
 guidellm (synchronous and concurrent profiles), LangChain (chat and completions: invoke, stream,
-batch, with_structured_output) and the openai SDK (structured outputs and the Responses API too). Each client's exit status, wall time, last output lines and what the
-server's /metrics counted meanwhile are printed and written to artifacts/clients-run.json.
+batch, with_structured_output) and the openai SDK (structured outputs and the Responses API too).
+Each client's exit status, wall time, last output lines and what the server's /metrics counted
+meanwhile are printed and written to artifacts/clients-run.json.
 
 Run with the project's python: `python tests/clients/run_clients.py --clients-python .venv-clients/bin/python`."""
 
