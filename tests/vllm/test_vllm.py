@@ -153,3 +153,31 @@ def test_proxy_cost_is_measured_as_ratios(vllm, proxy):
     (ARTIFACTS / "vllm-proxy-cost.json").write_text(json.dumps(cost, indent=2))
     for key in ("ttft_ms", "tok_per_s"):
         assert cost[key]["proxy_over_direct"] is not None, cost
+
+
+def test_sampling_fields_and_structured_outputs_pass_through_the_proxy_to_vllm(proxy):
+    """What the built-in engine implements, vLLM takes too: the proxy forwards it, and vLLM's own grammar
+    (xgrammar) holds the answer to the constraint; the SDK's parse and responses.create work end to end."""
+    from typing import Literal
+
+    import openai
+    from pydantic import BaseModel
+
+    class Pet(BaseModel):
+        ok: bool
+        pet: Literal["cat", "dog"]
+
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", timeout=300, max_retries=0)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Do you like cats or dogs?"}]
+    extra = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2}
+    sampled = client.chat.completions.create(model=model, messages=messages, max_tokens=8, seed=1, extra_body=extra)
+    assert sampled.choices[0].message.content
+    parsed = client.chat.completions.parse(model=model, messages=messages, response_format=Pet, temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, Pet)
+    choice = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, extra_body={"structured_outputs": {"choice": ["cats", "dogs"]}}
+    )
+    assert choice.choices[0].message.content in ("cats", "dogs")
+    answer = client.responses.create(model=model, input="Say hello.", max_output_tokens=8, temperature=0)
+    assert answer.output_text and answer.usage.output_tokens <= 8
