@@ -13,7 +13,7 @@ FLOOR_SLACK = 0.05
 # The fewest measured steps a verdict rests on: with one or two, the median is the fastest or half of it.
 MIN_STEPS = 3
 
-CARRIED, FLOORS, FEW_STEPS, NO_MEDIAN, MIXED = "carried", "floors", "few steps", "no median", "mixed"
+CARRIED, FLOORS, LOADED, FEW_STEPS, NO_MEDIAN, MIXED = "carried", "floors", "loaded", "few steps", "no median", "mixed"
 
 
 def _rows(point: dict) -> int:
@@ -53,14 +53,34 @@ def problem_words(problem: dict, points: list[dict]) -> str:
     )
 
 
-def point_evidence(point: dict, floors_consistent: bool) -> str:
+def loaded(load_1m: float | None, threads: int | None) -> bool:
+    """Whether the machine ran more runnable work than the steps' threads (its 1-minute load above them): its
+    step times then measure the other processes' share of the CPUs more than the steps themselves."""
+    return _finite(load_1m) and _finite(threads) and load_1m > threads
+
+
+def point_evidence(point: dict, floors_consistent: bool, machine_loaded: bool = False) -> str:
     """Whether one point's verdict is carried, else why not: FLOORS (the roofline's floors failed their check),
-    FEW_STEPS (fewer than MIN_STEPS steps measured), NO_MEDIAN (no verdict at its median step), MIXED (the
-    verdicts at its fastest and its median step differ); CARRIED otherwise."""
+    LOADED (the machine was loaded past its threads while it ran), FEW_STEPS (fewer than MIN_STEPS steps
+    measured), NO_MEDIAN (no verdict at its median step), MIXED (the verdicts at its fastest and its median
+    step differ); CARRIED otherwise."""
     if not floors_consistent:
         return FLOORS
+    if machine_loaded:
+        return LOADED
     if not (point.get("steps_measured") or 0) >= MIN_STEPS:
         return FEW_STEPS
     if not point.get("held_by_median"):
         return NO_MEDIAN
     return CARRIED if point["held_by_median"] == point.get("held_by") else MIXED
+
+
+def check(points: list[dict], load_1m: float, threads: int) -> dict:
+    """The floors' check run live on a roofline, each point's `evidence` set in place: a point whose floors fail
+    it, measured on a machine loaded past its threads, or whose verdict differs at its median step, has its
+    verdict marked not carried. → the fields the roofline's answer carries about it."""
+    problems = floor_problems(points)
+    for p in points:
+        p["evidence"] = point_evidence(p, not problems, loaded(load_1m, threads))
+    words = [problem_words(q, points) for q in problems]
+    return {"floors_consistent": not problems, "floor_problems": words, "load_1m": load_1m, "threads": threads}

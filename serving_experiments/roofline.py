@@ -368,12 +368,12 @@ def _at_median(step: dict, flops, read, kernel_s, bandwidth, kernel, weights) ->
 
 
 def _check_floors(points: list[dict]) -> dict:
-    """The floors' consistency check, run live on every roofline, and each point's evidence: a point whose
-    floors fail it, or whose verdict differs at its median step, has its verdict marked not carried."""
-    problems = evidence.floor_problems(points)
-    for p in points:
-        p["evidence"] = evidence.point_evidence(p, not problems)
-    return {"floors_consistent": not problems, "floor_problems": [evidence.problem_words(q, points) for q in problems]}
+    """The floors' check and each point's evidence (evidence.check), at the load and threads of this moment."""
+    import os
+
+    import torch
+
+    return evidence.check(points, round(os.getloadavg()[0], 2), torch.get_num_threads())
 
 
 def _rows_list(rows: list[int]) -> str:

@@ -203,6 +203,7 @@ def test_each_recorded_run_names_its_route_machine_and_load(page, fake_server):
     # the decoder that ran the steps, in both source lines (the shipped recordings predate the native step)
     expect(source.locator(".sv-decoder")).to_have_text(SERVING["recorded_on"]["decoder"])
     assert f"on {TRACE['recorded_on']['decoder']}" in intro
+    assert f", {TRACE['recorded_on']['decoder']} · " in page.locator(".wt-source").inner_text()
 
 
 def test_the_two_recorded_ratios_are_set_side_by_side_with_the_reason(page, fake_server):

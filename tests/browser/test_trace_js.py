@@ -631,7 +631,8 @@ def test_the_evidence_rules_match_their_python_twin_on_the_golden_cases(js):
       const ev = await import('/static/js/shared/evidence.js');
       return arg.map((c) => {
         const problems = ev.floorProblems(c.points).map((q) => [q.kind, q.phase, q.rows, q.after]);
-        return { problems, evidence: c.points.map((p) => ev.pointEvidence(p, !problems.length)),
+        const busy = ev.loaded(...c.loaded);
+        return { problems, evidence: c.points.map((p) => ev.pointEvidence(p, !problems.length, busy)),
                  slack: ev.FLOOR_SLACK, min: ev.MIN_STEPS };
       });""",
         cases,

@@ -31,8 +31,9 @@ def as_rows(problems: list[dict]) -> list[list]:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_golden_cases(case):
     problems = evidence.floor_problems(case["points"])
+    busy = evidence.loaded(*case["loaded"])
     assert as_rows(problems) == case["problems"]
-    assert [evidence.point_evidence(p, not problems) for p in case["points"]] == case["evidence"]
+    assert [evidence.point_evidence(p, not problems, busy) for p in case["points"]] == case["evidence"]
     for q in problems:  # every problem can be said with its figures
         assert "ms" in evidence.problem_words(q, case["points"])
 

@@ -16,7 +16,7 @@ from formulas import cost
 from model_runner.loading.model_shape import shape_of
 from model_runner.protocol.metrics import percentile
 from serving_experiments.contract import check_response
-from serving_experiments.evidence import FLOORS, point_evidence
+from serving_experiments.evidence import FLOORS, LOADED, loaded, point_evidence
 from serving_experiments.experiments.attention_cost import line_fit
 from serving_experiments.experiments.why_batch import BATCHES, PREFILL_RUNS
 from serving_experiments.harness import Job
@@ -323,8 +323,9 @@ def test_why_batch_measures_steps_where_the_whole_batch_decodes(fake_app, feed_l
     assert roof["floors_consistent"] == (roof["floor_problems"] == [])
     prefill = roof["points"][0]
     assert prefill["steps_measured"] == PREFILL_RUNS and "held_by_median" in prefill
+    busy = loaded(roof["load_1m"], roof["threads"])  # the load as the roofline was measured
     for p in roof["points"]:
-        assert p["evidence"] == point_evidence(p, roof["floors_consistent"])
+        assert p["evidence"] == point_evidence(p, roof["floors_consistent"], busy)
         assert p["step_ms_median"] >= p["step_ms"]
 
 
@@ -460,3 +461,17 @@ def test_the_invariance_experiment_restores_the_mode_but_not_over_a_switch_made_
     with mode(engine, True):
         engine.set_policy(batch_invariant=False)  # the teacher turns it off during the run: off it stays
     assert local.batch_invariance()["on"] is False
+
+
+def test_why_batch_draws_no_verdict_on_a_machine_loaded_past_its_threads(fake_app, monkeypatch):
+    import os
+
+    import torch
+
+    app, _ = fake_app
+    monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
+    monkeypatch.setattr("serving_experiments.roofline.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1e-9))
+    monkeypatch.setattr(os, "getloadavg", lambda: (torch.get_num_threads() + 1.0, 0.0, 0.0))
+    roof = post(app, "why_batch", {"new_tokens": 3}).json["result"]["roofline"]
+    assert roof["floors_consistent"] and roof["load_1m"] > roof["threads"]
+    assert {p["evidence"] for p in roof["points"]} == {LOADED}

@@ -10,6 +10,7 @@ export const MIN_STEPS = 3;
 
 export const CARRIED = 'carried';
 export const FLOORS = 'floors';
+export const LOADED = 'loaded';
 export const FEW_STEPS = 'few steps';
 export const NO_MEDIAN = 'no median';
 export const MIXED = 'mixed';
@@ -31,9 +32,15 @@ export function floorProblems(points) {
   return problems;
 }
 
+// Whether the machine ran more runnable work than the steps' threads (evidence.py loaded).
+export function loaded(load1m, threads) {
+  return Number.isFinite(load1m) && Number.isFinite(threads) && load1m > threads;
+}
+
 // Whether one point's verdict is carried, else why not (evidence.py point_evidence).
-export function pointEvidence(point, floorsConsistent) {
+export function pointEvidence(point, floorsConsistent, machineLoaded = false) {
   if (!floorsConsistent) return FLOORS;
+  if (machineLoaded) return LOADED;
   if (!((point.steps_measured || 0) >= MIN_STEPS)) return FEW_STEPS;
   if (!point.held_by_median) return NO_MEDIAN;
   return point.held_by_median === point.held_by ? CARRIED : MIXED;
@@ -42,6 +49,7 @@ export function pointEvidence(point, floorsConsistent) {
 // Why a point's verdict is not printed, in words that follow "the verdict is" or "— " on the page.
 export const NOT_CARRIED_WORDS = {
   [FLOORS]: 'none drawn: this recording\'s floors fail their own check, so they bound nothing',
+  [LOADED]: 'none drawn: the machine was loaded past its threads, so the steps measure the other processes too',
   [FEW_STEPS]: 'none drawn: too few steps were measured to give it a median',
   [NO_MEDIAN]: 'none drawn: the recording has no verdict at the median step to set beside the fastest',
   [MIXED]: 'none drawn: the evidence is mixed, the fastest and the median step give different verdicts',
@@ -52,6 +60,9 @@ export const NOT_CARRIED_WORDS = {
 export function rooflineEvidence(roofline, steps = {}) {
   const points = (roofline && roofline.points) || [];
   const problems = floorProblems(points);
-  const of = (p) => pointEvidence({ steps_measured: p.phase === 'decode' ? steps[p.batch] : undefined, ...p }, !problems.length);
+  // the load as the roofline was measured (recorded with it since the check; older recordings do not say)
+  const busy = loaded(roofline && roofline.load_1m, roofline && roofline.threads);
+  const of = (p) => pointEvidence({ steps_measured: p.phase === 'decode' ? steps[p.batch] : undefined, ...p },
+    !problems.length, busy);
   return { problems, consistent: !problems.length, of };
 }

@@ -32,11 +32,12 @@ function sourceLine(state, run) {
   // The route (int4, int8, float32, …) sets every time in the run: it is named beside the model.
   const route = runRoute(run);
   // A recording names its machine as the intro does (recorded_on.machine); a live run the server's device.
-  const { machine } = recordedOn(run);
+  const { machine, decoder } = recordedOn(run);
   const on = (state.source === 'recorded' && machine) || m.device_name || m.device || '?';
   const where = m.name ? `${m.name}${route ? `, ${route} weights,` : ''} on ${on}` : '';
   switch (state.source) {
-    case 'recorded': return ['Recorded run', ` · ${where} · ${when}${loadNote(run)}`, 'measured'];
+    // a recording names the decoder its steps ran on: the same model runs at another speed on the other
+    case 'recorded': return ['Recorded run', ` · ${where}, ${decoder} · ${when}${loadNote(run)}`, 'measured'];
     case 'live': return [run.end ? 'Live run' : 'Live run, events arriving', ` · ${where}`, 'measured'];
     case 'imported': return ['Run from the lab', ` · ${where} · ${when}`, run.measured ? 'measured' : 'schematic'];
     case 'loading': return ['Loading the recorded run…', '', 'schematic'];
