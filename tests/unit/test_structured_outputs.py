@@ -147,3 +147,22 @@ def test_each_token_event_says_what_the_mask_allowed(engine):
     # y|n, then one letter at a time, then only the two end tokens once the word is complete.
     assert [t["mask"]["allowed"] for t in tokens] == [2] + [1] * (len(word) - 1) + [2]
     assert all(e["mask"] is None for e in run(engine, plain, "free") if e["type"] == "token")
+
+
+def test_a_preempted_constrained_request_resumes_its_grammar_where_it_stopped(engine_factory):
+    # 3 requests of 31 + 81 tokens in a 20-block pool (7 blocks each at the end): one is preempted and
+    # recomputes; its matcher keeps its place, so every answer still matches the regex whole.
+    from kvscope_testkit import ask, blocks_mb, events_of
+
+    engine = engine_factory("fake", kv_cache_mb=blocks_mb(20))
+    pattern = "[a-z]{80}"
+    params = dataclasses.replace(
+        ask("q", system="s", max_new_tokens=100, sampling={"temperature": 1.0, "seed": 5}),
+        constraint=Constraint("regex", pattern, "f"),
+    )
+    handles = [engine.submit(params, f"p{i}") for i in range(3)]  # all queued before any runs alone
+    runs = [events_of(handle) for handle in handles]
+    assert any(e["type"] == "preempted" for run in runs for e in run)
+    for run in runs:
+        assert run[-1]["type"] == "finished" and run[-1]["reason"] == "eos", run[-1]
+        assert re.fullmatch(pattern, run[-1]["text"])
