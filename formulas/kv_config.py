@@ -245,6 +245,16 @@ def _shared_layers(r: Reader, layers: int) -> int | None:
     return r.whole("num_kv_shared_layers", "KV-shared layers", 0, layers - 1, GEMMA3N_SHARED_DEFAULT, why)
 
 
+def _key_value_heads(r: Reader, layers: int, heads: int | None) -> list[dict] | None:
+    """llama.cpp's MiniCPM3: keys of qk_nope + qk_rope per head, values of hidden_size / heads per head (its GGUF
+    has no value length, so llama.cpp takes n_embd / n_head)."""
+    full = _full_heads(r, heads)
+    hidden = integral(r.get("hidden_size"))  # read quietly: the page's own reading is done and listed
+    if full is None or hidden is None or not heads or hidden % heads:
+        return None
+    return [{**full, "layers": layers, "value_dim": hidden // heads}]
+
+
 def _engines(r: Reader, kinds: list[str], groups: list[dict], extra: dict, heads: int | None) -> list[dict]:
     """What each engine caches for this file, where that is said per family (config-keys.json `engines`)."""
     if r.family in ENGINES:
@@ -261,6 +271,8 @@ def _engines(r: Reader, kinds: list[str], groups: list[dict], extra: dict, heads
         if e.get("groups") == "latent":  # this engine caches the latent though the page follows another one
             latent = _mla(r)
             engine["groups"] = None if latent is None else [{"kind": "mla", "layers": len(kinds), **latent}]
+        if e.get("groups") == "key-value-heads":
+            engine["groups"] = _key_value_heads(r, len(kinds), heads)
         if "storage" in e:
             engine["storage"] = e["storage"]
         out.append(engine)

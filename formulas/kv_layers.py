@@ -90,6 +90,8 @@ def check_group(g: dict, i: int) -> None:
     if kind in ATTENTION:
         _whole(g, "kv_heads", 1, 4096, f"{where}.kv_heads")
         _whole(g, "head_dim", 1, 65536, f"{where}.head_dim")
+        if "value_dim" in g:
+            _whole(g, "value_dim", 1, 65536, f"{where}.value_dim")
     if kind == "sliding":
         _whole(g, "window", 1, 2**30, f"{where}.window")
     if kind == "chunked":
@@ -148,7 +150,8 @@ def layer_token_bytes(g: dict, s: Storage) -> int:
         return _vector_bytes(width, bits) + _scale_bytes_per_token(1, width, s)
     if g["kind"] in ATTENTION:
         heads = kv_heads_per_gpu(g["kv_heads"], s.tp)
-        return 2 * _vector_bytes(heads * g["head_dim"], bits) + _scale_bytes_per_token(2 * heads, g["head_dim"], s)
+        key, value = g["head_dim"], g.get("value_dim", g["head_dim"])  # a value narrower than the key: llama.cpp
+        return sum(_vector_bytes(heads * w, bits) + _scale_bytes_per_token(heads, w, s) for w in (key, value))
     return 0
 
 

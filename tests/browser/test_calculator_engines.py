@@ -42,6 +42,7 @@ def test_minicpm3_is_counted_as_vllm_caches_it_and_each_engine_is_named(page, fa
     expect(engines).to_contain_text("minicpm3.py")
     expect(engines).to_contain_text("transformers 5.23.0: 35,712 B per token")
     expect(engines).to_contain_text("modeling_minicpm3.py")
+    expect(engines).to_contain_text("llama.cpp (as vendored in llama-cpp-python 0.3.36): 793,600 B per token")
     assert console_errors == []
 
 

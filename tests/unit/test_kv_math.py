@@ -336,4 +336,5 @@ def test_the_three_once_silent_families_are_exact():
     assert kv_layers.cache_bytes(ml["groups"], 1, 1, {})["per_token_bytes"] == 131_072
     mc = kv_config.read_config(cases["minicpm3-4b-1"]["config_json"])
     figures = {e["engine"]: kv_layers.cache_bytes(e["groups"], 1, 1, {})["per_token_bytes"] for e in mc["engines"]}
-    assert figures == {"vLLM 0.32.0": 952_320, "transformers 5.23.0": 35_712}
+    llama_cpp = "llama.cpp (as vendored in llama-cpp-python 0.3.36)"  # keys 96 wide, values 2,560 / 40 = 64
+    assert figures == {"vLLM 0.32.0": 952_320, "transformers 5.23.0": 35_712, llama_cpp: 62 * 40 * (96 + 64) * 2}

@@ -212,7 +212,15 @@ function sharedLayers(r, layers) {
 }
 
 // What each engine caches for this file, where that is said per family (config-keys.json `engines`).
-function enginesOf(r, kinds, groups) {
+// llama.cpp's MiniCPM3: keys of qk_nope + qk_rope per head, values of hidden_size / heads per head.
+function keyValueHeads(r, layers, heads) {
+  const full = fullHeads(r, heads);
+  const hidden = integral(r.get('hidden_size')); // read quietly: the page's own reading is done and listed
+  if (full === null || hidden === null || !heads || hidden % heads) return null;
+  return [{ ...full, layers, value_dim: hidden / heads }];
+}
+
+function enginesOf(r, kinds, groups, heads) {
   const table = r.table.engines;
   let rule;
   if (own(table, r.family) && r.family !== 'about') rule = table[r.family];
@@ -225,6 +233,7 @@ function enginesOf(r, kinds, groups) {
       const latent = mla(r);
       engine.groups = latent === null ? null : [{ kind: 'mla', layers: kinds.length, ...latent }];
     }
+    if (e.groups === 'key-value-heads') engine.groups = keyValueHeads(r, kinds.length, heads);
     if (e.storage) engine.storage = e.storage;
     return engine;
   });
@@ -301,6 +310,6 @@ export function readConfig(config, table) {
   const groups = grouped(perLayer);
   return {
     groups, naive: naiveOf(r, layers, kv[0], heads, dim), used: [...seen.values()], errors: r.errors,
-    modelType: r.family, engines: r.errors.length ? [] : enginesOf(r, kinds, groups), ...base,
+    modelType: r.family, engines: r.errors.length ? [] : enginesOf(r, kinds, groups, heads), ...base,
   };
 }

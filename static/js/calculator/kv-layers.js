@@ -54,6 +54,7 @@ function checkGroup(g, i) {
   if (ATTENTION.includes(g.kind)) {
     whole(g.kv_heads, 1, 4096, `${at}.kv_heads`);
     whole(g.head_dim, 1, 65536, `${at}.head_dim`);
+    if ('value_dim' in g) whole(g.value_dim, 1, 65536, `${at}.value_dim`);
   }
   if (g.kind === 'sliding') whole(g.window, 1, 2 ** 30, `${at}.window`);
   if (g.kind === 'chunked') whole(g.chunk, 1, 2 ** 30, `${at}.chunk`);
@@ -105,7 +106,8 @@ export function layerTokenBytes(g, s) {
   }
   if (!ATTENTION.includes(g.kind)) return 0;
   const heads = kvHeadsPerGpu(g.kv_heads, s.tp);
-  return 2 * vectorBytes(heads * g.head_dim, bits) + scaleBytesPerToken(2 * heads, g.head_dim, s);
+  const value = 'value_dim' in g ? g.value_dim : g.head_dim; // a value narrower than the key: llama.cpp
+  return [g.head_dim, value].reduce((a, w) => a + vectorBytes(heads * w, bits) + scaleBytesPerToken(heads, w, s), 0);
 }
 
 // Positions a group holds while the T-th is computed: a window keeps W (transformers stores W − 1 between steps
