@@ -338,3 +338,17 @@ def test_the_three_once_silent_families_are_exact():
     figures = {e["engine"]: kv_layers.cache_bytes(e["groups"], 1, 1, {})["per_token_bytes"] for e in mc["engines"]}
     llama_cpp = "llama.cpp (as vendored in llama-cpp-python 0.3.36)"  # keys 96 wide, values 2,560 / 40 = 64
     assert figures == {"vLLM 0.32.0": 952_320, "transformers 5.23.0": 35_712, llama_cpp: 62 * 40 * (96 + 64) * 2}
+
+
+def test_each_engine_keeps_jambas_state_its_own_way():
+    """transformers: conv_kernel columns in bf16; vLLM: conv_kernel − 1; llama.cpp: conv_kernel − 1 in float32.
+    Jamba-v0.1's 28 Mamba layers of 8,192 channels, d_conv 4, d_state 16."""
+    read = kv_config.read_config(CATALOGUE["jamba-v0.1"]["config"])
+    state = {
+        e["engine"]: kv_layers.cache_bytes(e["groups"], 0, 1, e["storage"])["sequence_bytes"] for e in read["engines"]
+    }
+    assert state == {
+        "transformers 5.23.0": 28 * 8192 * (4 + 16) * 2,
+        "vLLM 0.32.0": 28 * 8192 * (3 + 16) * 2,
+        "llama.cpp (as vendored in llama-cpp-python 0.3.36)": 28 * 8192 * (3 + 16) * 4,
+    }
