@@ -657,5 +657,19 @@ def test_a_mixed_why_batch_reading_draws_no_verdict(js):
     text, mixed, stopped, fastest, median = got
     assert mixed and stopped == [] and fastest == [16] and median == []
     assert "the evidence is mixed: by the fastest of 3 steps the tokens for everyone fell at batch 16" in text
-    assert "by their median every step up paid (batch 8 to 16: 110.6 to 130.8 tok/s)" in text
+    assert "by their median every step up in batch still paid (batch 8 to 16: 110.6 to 130.8 tok/s)" in text
     assert "where a bigger batch stopped paying" not in text
+
+
+def test_a_dip_followed_by_a_gain_is_not_called_paying_at_every_step(js):
+    got = js(
+        CLAIMS_BODY
+        + f"""
+      const pt = (batch, agg) => ({{ batch, step_ms: batch * 1000 / agg, step_ms_median: batch * 1000 / agg,
+        aggregate_tps: agg, per_user_tps: agg / batch, steps_measured: 7 }});
+      return ({TEXT})(claims.whyBatchClaim({{ points: [pt(1, 30), pt(4, 120), pt(8, 110), pt(16, 130)] }}));"""
+    )
+    assert "every step up" not in got
+    assert (
+        "a bigger batch had not stopped paying: the tokens for everyone did not rise by more than 5 % at batch 8" in got
+    )

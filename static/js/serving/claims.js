@@ -61,6 +61,16 @@ function stopWords(pts, stopped, rate) {
 
 const sameList = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
+// No stop by `rate`: every step up paid, or the tokens for everyone dipped or stalled at some batch and rose
+// again after it (a plateau followed by a gain is not a stop, but neither did that step pay).
+function noStopWords(pts, rate) {
+  const unpaid = pts.filter((p, i) => i > 0 && !paid(pts, i, rate)).map((p) => p.batch);
+  if (!unpaid.length) return ['every step up in batch still paid'];
+  return ['a bigger batch had not stopped paying: the tokens for everyone did not rise by more than ',
+    [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], ' at batch ', [andList(unpaid.map(formatInt)), 'setting'],
+    ' but rose again after it'];
+}
+
 // The verdict, printed only where the fastest and the median steps agree on it; else the sentence says the
 // evidence is mixed and gives each statistic's reading (a verdict needs its evidence).
 function whyBatchVerdict(pts) {
@@ -74,12 +84,12 @@ function whyBatchVerdict(pts) {
   const of = steps.length ? [' of ', [steps.map(formatInt).join(' or '), 'measured'], ' steps'] : [];
   if (sameList(fast, mid)) {
     const alike = [', by the fastest', ...of, ' and by their median alike.'];
-    if (!fast.length) return { mixed: false, parts: ['; every step up in batch still paid here', ...alike] };
+    if (!fast.length) return { mixed: false, parts: ['; ', ...noStopWords(pts, FASTEST), ' here', ...alike] };
     return { mixed: false, parts: ['; the tokens for everyone ', ...stopWords(pts, fast, FASTEST), ', where a bigger batch stopped paying',
       ...alike] };
   }
   const reading = (stopped, rate) => (stopped.length ? ['the tokens for everyone ', ...stopWords(pts, stopped, rate)]
-    : ['every step up paid']);
+    : noStopWords(pts, rate));
   const z = pts[pts.length - 1];
   const y = pts[pts.length - 2];
   return { mixed: true, parts: ['; whether a bigger batch stopped paying, the evidence is mixed: by the fastest', ...of, ' ',
