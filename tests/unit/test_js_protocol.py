@@ -210,7 +210,7 @@ def test_every_server_name_the_scripts_read_is_declared():
     )
     declared |= set(SPEC["metrics"]) | {f for fields in SPEC["events"].values() for f in fields}
     declared |= {f for fields in SPEC["feed"].values() for f in fields} | set(SPEC["batch_row"]) | set(SPEC["kv"])
-    for group in ("policy", "class_settings", "class_info", "experiments_list"):
+    for group in ("policy", "class_settings", "class_info", "experiments_list", "experiment_results"):
         declared |= set(SPEC[group])
     for data in (ROOT / "static/data").glob("*.json"):
         value = json.loads(data.read_text(encoding="utf-8"))
@@ -281,6 +281,7 @@ def test_policy_and_class_settings_match_their_dataclasses():
     assert SPEC["class_settings"] == _dataclass_fields("app/classroom/room.py", "Settings")
     assert set(SPEC["class_info"]) <= _server_names("app/classroom/routes.py")
     assert set(SPEC["experiments_list"]) <= _server_names("app/experiments.py")
+    assert set(SPEC["experiment_results"]) <= _server_names("serving_experiments/roofline.py")
 
 
 def test_every_feed_constant_used_exists():

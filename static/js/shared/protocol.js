@@ -13,7 +13,8 @@
 // `feed` lists the fields of the engine feed's and the class's messages (built as dicts in
 // model_runner/local/engine.py and app/classroom/routes.py), with `batch_row` and `kv` inside engine_step, and
 // `policy`, `class_settings`, `class_info` and `experiments_list` the fields of /api/engine's policy,
-// /api/class and GET /api/experiments.
+// /api/class and GET /api/experiments; `experiment_results` the fields of an experiment's result that live
+// runs carry and the shipped recordings (made before them) do not, so the data files cannot declare them.
 const SPEC = /* protocol-json */ {
   "schema": 1,
   "common": {"type": "str", "schema": "int", "request_id": "str", "t_ms": "num"},
@@ -66,7 +67,8 @@ const SPEC = /* protocol-json */ {
   "policy": ["batching", "max_num_seqs", "max_batch_tokens", "chunked_prefill", "chunk_size", "prefix_caching", "batch_invariant"],
   "class_settings": ["paused", "show_prompts", "per_laptop_cap", "rate_per_min", "follow_stage"],
   "class_info": ["class_mode", "join_url", "teacher", "laptops", "settings", "policy", "batch_invariant"],
-  "experiments_list": ["busy", "experiments", "name", "title", "available", "why_unavailable"]
+  "experiments_list": ["busy", "experiments", "name", "title", "available", "why_unavailable"],
+  "experiment_results": ["held_by_median"]
 } /* /protocol-json */;
 
 export const SCHEMA_VERSION = SPEC.schema;
