@@ -50,6 +50,7 @@ class Engine(EngineBase, AdmissionControls):
         self.pool: PagedKVPool | None = None
         self._usage: dict[str, int] | None = None  # the pool's usage after the last step (read by any thread)
         self._forward: BatchForward | None = None
+        self._forward_invariant = False  # the mode self._forward was made for
         self._forwards: Forwards | None = None  # each mode's, once the model is loaded
         self._decoder: dict[str, Any] | None = None  # which decoder runs the steps, once the model is loaded
         self._post: Postprocess | None = None  # with the pool, once the model is loaded
@@ -117,6 +118,7 @@ class Engine(EngineBase, AdmissionControls):
         self._decoder = decoder_report(decoder, self.loaded.model, self.config.decoder)
         self._forwards = Forwards(self.loaded.model, self.pool, decoder, self.config.cuda_graphs)
         self._forward = self._forwards.of(self.scheduler.policy)
+        self._forward_invariant = self.scheduler.policy.batch_invariant
         self._post = Postprocess(self.loaded, self.pool, self.scheduler, self._end_now)
         self._usage = self.pool.usage().to_dict()
         self._status = "ready"
@@ -337,7 +339,9 @@ class Engine(EngineBase, AdmissionControls):
         if self.pool.prefix_caching != policy.prefix_caching:
             self.pool.set_prefix_caching(policy.prefix_caching)
             self._usage = self.pool.usage().to_dict()
-        self._forward = self._forwards.of(policy)
+        if policy.batch_invariant != self._forward_invariant:  # switched only on a change, never per step
+            self._forward_invariant = policy.batch_invariant
+            self._forward = self._forwards.of(policy)
 
     # ---- endings ---------------------------------------------------------------------------------
 

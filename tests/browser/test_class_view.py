@@ -353,7 +353,9 @@ def test_the_teacher_switches_batch_invariant_mode_by_keyboard(page, class_serve
     prefix = page.locator('[data-control="prefix_caching"]')
     prefix.focus()
     page.keyboard.press("Space")
-    expect(page.locator('[data-control-status][data-ok="false"]')).to_contain_text("prefix caching stays off")
+    expect(page.locator('[data-control-status][data-ok="false"]')).to_contain_text(
+        "batch-invariant mode keeps prefix caching off"
+    )
     expect(prefix).not_to_be_checked()
     # a reload shows the mode from /api/class, as the engine reports it, without claiming a switch
     page.reload()
