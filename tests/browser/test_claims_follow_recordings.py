@@ -157,8 +157,7 @@ def test_the_roofline_verdict_and_share_are_shown_when_recorded(page, fake_serve
             p["share"] = 0.123
             p["verdict"] = f"test verdict for {p['phase']} {p.get('batch', '')}".strip()
             p["held_by_median"], p["steps_measured"] = p["held_by"], 3  # evidence that carries a verdict
-            if p.get("batch") == 1:
-                p["kernel_ms"] = 19.0  # below batch 2's floor: the floors now pass their check
+        floors_that_pass(experiments)
 
     open_page(page, fake_server, "#serving-why-batch", serving_text=variant(verdicts))
     assert "test verdict for decode 1" in step(page, "decode")
@@ -169,8 +168,15 @@ def test_the_roofline_verdict_and_share_are_shown_when_recorded(page, fake_serve
     assert "test verdict for decode 16" in items.all_inner_texts()[-1]
 
 
-def test_every_roofline_point_is_drawn_under_its_own_ceiling(page, fake_server):
-    open_page(page, fake_server, "#serving-why-batch")
+def floors_that_pass(experiments):
+    """The shipped roofline with its 1-row floor set below its 2-row floor: the floors pass their check."""
+    for p in experiments["why_batch"]["result"]["roofline"]["points"]:
+        if p.get("batch") == 1:
+            p["kernel_ms"] = 19.0
+
+
+def test_every_roofline_point_is_drawn_under_its_own_ceiling_where_the_floors_pass(page, fake_server):
+    open_page(page, fake_server, "#serving-why-batch", serving_text=variant(floors_that_pass))
     ticks = page.locator('.sv-panel[data-panel="why-batch"] .sv-ceiling')
     expect(ticks).to_have_count(len(ROOF["points"]))
     ceilings = [float(v) for v in ticks.evaluate_all("(ts) => ts.map((t) => t.dataset.ceiling)")]
@@ -178,6 +184,16 @@ def test_every_roofline_point_is_drawn_under_its_own_ceiling(page, fake_server):
     assert all(p["flops_s"] <= p["attainable_flops_s"] for p in ROOF["points"])
     note = page.locator('.sv-panel[data-panel="why-batch"] .sv-roofbox').inner_text()
     assert "Roof: peak" not in note and ROOF["peak_kernel"] in note  # one kernel at its sizes, said so
+    assert "no tick is drawn" not in note
+
+
+def test_no_ceiling_is_drawn_from_floors_that_fail_their_check(page, fake_server):
+    assert floor_problems(ROOF["points"])  # the shipped floors fail (tests/unit/test_evidence.py)
+    open_page(page, fake_server, "#serving-why-batch")
+    panel = page.locator('.sv-panel[data-panel="why-batch"]')
+    expect(panel.locator(".sv-roofline .sv-rpoint")).to_have_count(len(ROOF["points"]))
+    expect(panel.locator(".sv-ceiling")).to_have_count(0)
+    assert "these floors fail their own check, so no tick is drawn" in panel.locator(".sv-roofbox").inner_text()
 
 
 # ---- 2. every recorded run names its route, machine and load -------------------------------------
@@ -472,24 +488,31 @@ def test_every_number_of_the_shipped_serving_recording_is_labelled(page, fake_se
 
 
 def test_the_shipped_roofline_draws_no_verdict_its_floors_cannot_carry(page, fake_server):
-    """The shipped recording's 2-row floor is below its 1-row floor: the page says so, names how much of each
-    end step is neither kernels nor bytes, and prints no point's verdict."""
+    """The shipped recording's 2-row floor is below its 1-row floor: the page says so, and prints neither a
+    point's verdict nor a figure drawn from those floors (a step's share outside them, the larger floor's share,
+    the kernels' share of the copy bandwidth)."""
     open_page(page, fake_server, "#serving-why-batch")
     text = serving_step(page, "why-batch")
     decodes = sorted((p for p in ROOF["points"] if p["phase"] == "decode"), key=lambda p: p["batch"])
     one, two, top = decodes[0], decodes[1], decodes[-1]
-    assert "No verdict on what holds these steps back: the floors fail their own check" in text
+    assert "the floors fail their own check (" in text
+    assert "so they bound nothing here: no verdict on what holds these steps back is drawn from them" in text
     assert (
         f"the floor at batch 2, {fmt_ms(two['kernel_ms'])}, is below the floor at batch 1, {fmt_ms(one['kernel_ms'])}"
         in text
     )
     outside = top["step_ms"] - max(top["kernel_ms"], top["memory_ms"])
-    assert f"{fmt_ms(outside)} ({pct(outside / top['step_ms'])}) was neither its kernels nor its bytes" in text
+    assert f"{fmt_ms(outside)} ({pct(outside / top['step_ms'])})" not in text
+    assert f"of a {fmt_ms(top['step_ms'])} step" not in text and "was neither its kernels nor its bytes" not in text
     assert "arithmetic holds it back" not in text and "not memory or overhead" not in text
     panel = page.locator('.sv-panel[data-panel="why-batch"]')
     expect(panel.locator(".sv-floor-check")).to_contain_text("These floors fail their own check")
     expect(panel.locator(".sv-verdicts .sv-not-carried")).to_have_count(len(ROOF["points"]))
     expect(panel.locator(".sv-verdicts .sv-verdict.sv-num")).to_have_count(0)
+    expect(panel.locator(".sv-verdicts .sv-kernel-bw")).to_have_count(0)
+    floored = [p for p in ROOF["points"] if p.get("kernel_ms") is not None]
+    expect(panel.locator(".sv-verdicts .sv-share")).to_have_count(len(ROOF["points"]) - len(floored))
+    assert "read their weights at" not in panel.locator(".sv-verdicts").inner_text()
 
 
 def test_the_chunked_price_counts_slow_gaps_in_both_runs_by_one_threshold(page, fake_server):

@@ -61,14 +61,13 @@ function stopWords(pts, stopped, rate) {
 
 const sameList = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
-// No stop by `rate`: every step up paid, or the tokens for everyone dipped or stalled at some batch and rose
-// again after it (a plateau followed by a gain is not a stop, but neither did that step pay).
+// No stop by `rate`: every step up paid, or the tokens for everyone fell or stalled at some batch and rose
+// again after it (not a stop, but neither did that step pay: a fall is said as a fall, a stall as a stall).
 function noStopWords(pts, rate) {
   const unpaid = pts.filter((p, i) => i > 0 && !paid(pts, i, rate)).map((p) => p.batch);
   if (!unpaid.length) return ['every step up in batch still paid'];
-  return ['a bigger batch had not stopped paying: the tokens for everyone did not rise by more than ',
-    [`${formatFixed(SAME_WITHIN * 100, 0)} %`, 'setting'], ' at batch ', [andList(unpaid.map(formatInt)), 'setting'],
-    ' but rose again after it'];
+  return ['a bigger batch had not stopped paying: the tokens for everyone ', ...stopWords(pts, unpaid, rate),
+    ' but rose again by batch ', [formatInt(pts[pts.length - 1].batch), 'setting']];
 }
 
 // The verdict, printed only where the fastest and the median steps agree on it; else the sentence says the
@@ -133,7 +132,9 @@ export function roofBatchClaim(result, source = 'recorded') {
   const steps = Object.fromEntries(((result && result.points) || []).map((p) => [p.batch, p.steps_measured]));
   const { problems, of } = rooflineEvidence(rl, steps);
   const ends = [decodes[0], decodes[decodes.length - 1]];
+  // Floors that fail their check bound nothing, so no share of a step is put down to them either.
   const evidence = ends.map(of);
+  if (problems.length) return { id: 'roof-batch', heldBy: [null, null], evidence, parts: floorsFailWords(all, problems, source) };
   const parts = [`${runWords(source)}: `];
   ends.forEach((p, i) => {
     const floor = Math.max(p.kernel_ms, Number.isFinite(p.memory_ms) ? p.memory_ms : 0);
@@ -147,24 +148,29 @@ export function roofBatchClaim(result, source = 'recorded') {
     }
     if (evidence[i] === CARRIED) parts.push(': ', HELD_WORDS[p.held_by] || p.verdict);
   });
-  if (problems.length) {
-    const q = problems[0];
-    const at = (phase, rows) => all.find((p) => p.phase === phase && rowsOf(p) === rows);
-    const p = at(q.phase, q.rows);
-    parts.push('. No verdict on what holds these steps back: the floors fail their own check (',
-      ...(q.kind === 'falls'
-        ? ['the floor at batch ', [formatInt(q.rows), 'setting'], ', ', [formatMs(p.kernel_ms), 'measured'],
-          ', is below the floor at batch ', [formatInt(q.after), 'setting'], ', ', [formatMs(at('decode', q.after).kernel_ms), 'measured'],
-          ', though more rows take no less work']
-        : ['the floor of a step is not below the step it bounds']),
-      '), so they bound nothing here.');
-  } else if (evidence.some((e) => e !== CARRIED)) {
+  if (evidence.some((e) => e !== CARRIED)) {
     ends.forEach((p, i) => {
       if (evidence[i] !== CARRIED) parts.push('. At batch ', [formatInt(p.batch), 'setting'], ' the verdict: ', NOT_CARRIED_WORDS[evidence[i]]);
     });
-    parts.push('.');
-  } else parts.push('.');
+  }
+  parts.push('.');
   return { id: 'roof-batch', heldBy: ends.map((p, i) => (evidence[i] === CARRIED ? p.held_by : null)), evidence, parts };
+}
+
+// The roofline's floors fail their own check (shared/evidence.js): the first problem, in words, and what is
+// therefore not said, neither a verdict nor how much of a step its kernels fill.
+function floorsFailWords(all, problems, source) {
+  const q = problems[0];
+  const at = (phase, rows) => all.find((p) => p.phase === phase && rowsOf(p) === rows);
+  const p = at(q.phase, q.rows);
+  return [`${runWords(source)} the floors fail their own check (`,
+    ...(q.kind === 'falls'
+      ? ['the floor at batch ', [formatInt(q.rows), 'setting'], ', ', [formatMs(p.kernel_ms), 'measured'],
+        ', is below the floor at batch ', [formatInt(q.after), 'setting'], ', ', [formatMs(at('decode', q.after).kernel_ms), 'measured'],
+        ', though more rows take no less work']
+      : ['the floor of a step is not below the step it bounds']),
+    '), so they bound nothing here: no verdict on what holds these steps back is drawn from them, nor how much of a step '
+    + 'its kernels fill and how much is neither its kernels nor its bytes.'];
 }
 
 // Where the recorded prefill sits against the decode points, and why: the bytes a step moves are its FLOPs

@@ -55,7 +55,8 @@ function bars(parent, points) {
 
 const pointName = (p) => (p.phase === 'prefill' ? `prefill, ${formatInt(p.tokens)} tokens` : `decode, batch ${formatInt(p.batch)}`);
 
-function rooflineSvg(parent, rl) {
+// `checked`: the floors pass their own check; a ceiling drawn from floors that fail it would bound nothing.
+function rooflineSvg(parent, rl, checked) {
   const pts = rl.points || [];
   const ridgeI = Number.isFinite(rl.ridge_intensity) ? rl.ridge_intensity : ridge(rl);
   const ceilings = pts.map((p) => p.attainable_flops_s).filter(Number.isFinite);
@@ -66,7 +67,8 @@ function rooflineSvg(parent, rl) {
   const kernel = roofKernel(rl);
   const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'sv-roofline', role: 'img',
     'aria-label': `Roofline of the recording machine: ${kernel ? `the ${kernel}'s roof for prompts` : 'the roof for prompts'}, `
-      + 'the copy bandwidth, and each point\'s own ceiling (a tick above it: the kernels that ran it), log scales' }, { parent });
+      + `the copy bandwidth, ${checked ? 'and each point\'s own ceiling (a tick above it: the kernels that ran it)'
+        : 'and the points (their own ceilings not drawn: the floors fail their check)'}, log scales` }, { parent });
   axes(svg, { W, H, M }, { x, y, xTicks: decadeTicks(xs), yTicks: decadeTicks(ys), xText: sci, yText: sci,
     xTitle: 'arithmetic intensity (FLOP per byte moved)', yTitle: 'FLOP/s' });
   const line = [xs[0], ridgeI, xs[1]].map((i) => `${x(i)},${y(roof(i, rl))}`).join(' ');
@@ -76,7 +78,7 @@ function rooflineSvg(parent, rl) {
   const labelled = new Set([Math.min(...batches), Math.max(...batches)]); // the ends; between them labels would collide
   for (const p of pts) {
     // The point's own ceiling: its FLOPs over the larger of its floors (its kernels alone, its bytes at the bandwidth).
-    if (Number.isFinite(p.attainable_flops_s)) {
+    if (checked && Number.isFinite(p.attainable_flops_s)) {
       const cx = x(p.intensity);
       svgEl('line', { x1: cx, x2: cx, y1: y(p.flops_s), y2: y(p.attainable_flops_s), class: 'sv-ceiling-stem' }, { parent: svg });
       svgEl('line', { x1: cx - 6, x2: cx + 6, y1: y(p.attainable_flops_s), y2: y(p.attainable_flops_s), class: 'sv-ceiling',
@@ -95,7 +97,7 @@ function rooflineSvg(parent, rl) {
   return svg;
 }
 
-function rooflineNotes(parent, rl) {
+function rooflineNotes(parent, rl, checked) {
   const p = html('p', { cls: 'sv-note', parent });
   const kernel = roofKernel(rl); // as the recording names it: float32 GEMM only where prompts ran on float32 copies
   p.append(`Roof for prompts: ${kernel ? `the ${kernel} that runs them` : 'their kernel'} peaked at `);
@@ -114,7 +116,7 @@ function rooflineNotes(parent, rl) {
   const other = (rl.points || []).some((q) => q.phase === 'decode' && q.kernel && q.kernel !== kernel);
   p.append(` (peak ÷ bandwidth). ${other ? 'A decode step runs other kernels, so each' : 'Each'} point also has its own `
     + 'ceiling, the tick above it: its FLOPs over the time its own kernels take alone, or its bytes at the copy bandwidth, '
-    + 'whichever is longer.');
+    + `whichever is longer${checked ? '' : '; these floors fail their own check, so no tick is drawn'}.`);
   // The method in words (which kernel, which sizes): its figures are the measurement's settings.
   if (rl.basis) html('p', { cls: 'sv-note sv-basis', text: `How: ${rl.basis}.`, parent }).dataset.setting = '';
 }
@@ -151,9 +153,10 @@ function floorCheck(parent, rl) {
 
 // What each measured point says, in words: its kernels' time alone and its bytes' time against its own
 // time, what holds it back where the evidence carries a verdict (else why not), and how fast its kernels
-// read their weights against a plain copy.
+// read their weights against a plain copy. Where the floors fail their check only the times are said: the
+// shares drawn from those floors (the larger floor's, the kernels' bandwidth) would rest on nothing.
 function verdicts(parent, rl, steps) {
-  floorCheck(parent, rl);
+  const checked = floorCheck(parent, rl);
   const evidenceOf = rooflineEvidence(rl, steps).of;
   const list = html('ul', { cls: 'sv-verdicts', parent });
   list.setAttribute('aria-label', 'What each point shows');
@@ -174,16 +177,19 @@ function verdicts(parent, rl, steps) {
       value(li, formatMs(p.memory_ms), 'computed');
       li.append(', the step ');
       value(li, formatMs(p.step_ms), 'measured');
-      li.append('; the larger floor fills ');
+      if (checked) li.append('; the larger floor fills ');
     } else {
       value(li, `${formatFixed(p.intensity, 1)} FLOP/B`, 'computed');
       li.append('; reached ');
     }
-    value(li, `${formatFixed(v.share * 100, 0)} %`, 'computed', 'sv-num sv-share');
-    li.append(Number.isFinite(p.kernel_ms) ? ' of it — ' : ' of the roof above it — ');
+    const floored = Number.isFinite(p.kernel_ms);
+    if (checked || !floored) {
+      value(li, `${formatFixed(v.share * 100, 0)} %`, 'computed', 'sv-num sv-share');
+      li.append(floored ? ' of it — ' : ' of the roof above it — ');
+    } else li.append(' — ');
     if (evidence === CARRIED) value(li, v.verdict || `${v.side} by position`, 'computed', 'sv-num sv-verdict');
     else html('span', { cls: 'sv-verdict sv-not-carried', text: NOT_CARRIED_WORDS[evidence], parent: li }).dataset.evidence = evidence;
-    if (Number.isFinite(p.kernel_bandwidth_share) && p.held_by !== 'memory') {
+    if (checked && Number.isFinite(p.kernel_bandwidth_share) && p.held_by !== 'memory') {
       li.append('; its kernels read their weights at ');
       value(li, `${formatFixed(p.kernel_bandwidth_share * 100, 0)} %`, 'computed', 'sv-num sv-kernel-bw');
       li.append(' of the copy bandwidth');
@@ -200,8 +206,9 @@ export function mount(el) {
       bars(el, points);
       if (roofline) {
         const box = html('div', { cls: 'sv-roofbox', parent: el });
-        rooflineSvg(box, roofline);
-        rooflineNotes(box, roofline);
+        const checked = !floorProblems(roofline.points || []).length;
+        rooflineSvg(box, roofline, checked);
+        rooflineNotes(box, roofline, checked);
         verdicts(box, roofline, Object.fromEntries(points.map((p) => [p.batch, p.steps_measured])));
       }
     },
