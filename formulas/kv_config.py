@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from formulas.kv_patterns import count_text, layer_kinds
+from formulas.kv_patterns import count_text, layer_kinds, tokens_per_image
 from formulas.kv_reader import BIG, TABLE, Reader, integral, shown
 from formulas.kv_state import state_keys, state_size
 
@@ -91,29 +91,6 @@ def _full_heads(r: Reader, heads: int | None) -> dict | None:
     return {"kind": "full", "kv_heads": kv, "head_dim": nope + rope}
 
 
-def _tokens_per_image(r: Reader) -> int | None:
-    """Mllama's cached positions per image: max_num_tiles tiles of (image_size // patch_size)² + 1 patches each
-    (transformers MllamaVisionModel.num_patches; the projected states keep every tile of every image)."""
-    vision = r.top.get("vision_config")
-    if not isinstance(vision, dict):
-        message = "missing or not an object: needed for the cross-attention layers' positions per image"
-        r.errors.append({"field": "vision_config", "message": message})  # a top-level key, not the text part's
-        return None
-    sub = Reader(vision, r.family)
-    sub.prefix = "vision_config."
-    defaults = "transformers MllamaVisionConfig default"
-    size = sub.whole("image_size", "image size", 1, 65536, 448, defaults)
-    patch = sub.whole("patch_size", "patch size", 1, 65536, 14, defaults)
-    tiles = sub.whole("max_num_tiles", "tiles per image", 1, 64, 4, defaults)
-    r.errors += sub.errors
-    r.used += sub.used
-    if None in (size, patch, tiles):
-        return None
-    per_image = tiles * ((size // patch) ** 2 + 1)
-    r.note("positions per image (tiles × ((image_size // patch_size)² + 1))", "vision_config", per_image)
-    return per_image
-
-
 def _extras(r: Reader, kinds: list[str], context: int | None, heads: int | None) -> dict:
     extra: dict = {}
     if r.has("kv_lora_rank"):
@@ -130,7 +107,7 @@ def _extras(r: Reader, kinds: list[str], context: int | None, heads: int | None)
     if "linear" in kinds:
         extra["state"] = state_size(r)
     if "cross" in kinds:
-        extra["per_image"] = _tokens_per_image(r)
+        extra["per_image"] = tokens_per_image(r)
     return extra
 
 
@@ -161,13 +138,46 @@ def _grouped(layers: list[dict]) -> list[dict]:
     ]
 
 
+def _all_full_attention(r: Reader) -> bool:
+    """A minimax_m2 attn_type_list of one 1 per layer: vLLM's models/minimax_m2.py never reads the list and gives
+    every layer full attention, which the list then says too."""
+    types, layers = r.get("attn_type_list"), integral(r.get("num_hidden_layers"))
+    if r.family != "minimax_m2" or not isinstance(types, list) or len(types) != layers:
+        return False
+    if any(integral(t) != 1 for t in types):
+        return False
+    r.note("attention types (1: full attention in every layer)", "attn_type_list", f"{layers} full")
+    return True
+
+
 def _refuse_unread(r: Reader) -> None:
     """Keys that change the cache in a way this calculator does not model: the file is refused, key named."""
     for entry in TABLE["unread"]:
         v = r.get(entry["key"])
         if v is None or v is False or v == 0:
             continue
+        if entry["key"] == "attn_type_list" and _all_full_attention(r):
+            continue
         r.error(entry["key"], f"{entry['why']}, so this calculator refuses the file rather than count it wrong")
+
+
+def _layer_count(r: Reader) -> int | None:
+    """Cache layers. LongCat-Flash holds two MLA attentions per decoder layer, each with its own cache (vLLM
+    models/longcat_flash.py; transformers LongcatFlashConfig.num_hidden_layers = 2 × num_layers): 2 × num_layers;
+    a num_hidden_layers in such a file already counts both."""
+    if r.family not in MLA["two_per_layer"] or not r.has("num_layers"):
+        return r.fact("layers", 1, 4096)
+    decoder = r.whole("num_layers", "decoder layers, two MLA attentions each", 1, 2048)
+    flat = r.get("num_hidden_layers")
+    if decoder is None or (flat is not None and integral(flat) != 2 * decoder):
+        if decoder is not None:
+            r.error(
+                "num_hidden_layers",
+                f"{shown(flat)} is not 2 × num_layers ({2 * decoder:,}), as LongcatFlashConfig has it",
+            )
+        return None
+    r.note("attention layers (2 × num_layers)", "num_layers", 2 * decoder)
+    return 2 * decoder
 
 
 def _refuse_mla_family(r: Reader) -> None:
@@ -177,7 +187,7 @@ def _refuse_mla_family(r: Reader) -> None:
         r.error(
             "kv_lora_rank",
             f"model_type {r.family}: whether its engines cache the MLA latent or full per-head keys and values is "
-            "not known here (vLLM caches the latent only for its MLA families), so the file is refused",
+            "not known here (the latent is counted only for the MLA families whose model file was read), so the file is refused",
         )
 
 
@@ -336,7 +346,7 @@ def read_config(config: Any) -> dict:
     _refuse_mla_family(r)
     _type_fields(r)
     _flag_outside_families(r)
-    layers = r.fact("layers", 1, 4096)
+    layers = _layer_count(r)
     heads = r.fact("attention_heads", 1, BIG, None, "not given: only the KV heads matter")
     context = r.fact("context", 1, BIG, None, "no context limit")
     weights = _weights(r)

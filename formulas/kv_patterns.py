@@ -21,6 +21,9 @@ QWEN_WINDOWED = ("qwen2", "qwen3", "qwen3_moe", "qwen3_vl_text", "mimo")
 # layer, "attention" a local (sliding-window) one.
 GRIFFIN_BLOCKS = {"recurrent": "linear", "attention": "sliding"}
 GRIFFIN_DEFAULT = ["recurrent", "recurrent", "attention"]
+# transformers MllamaTextConfig.__post_init__: the cross-attention layers a file leaving the key out gets.
+MLLAMA_TYPES = ("mllama", "mllama_text_model")
+MLLAMA_CROSS_DEFAULT = [3, 8, 13, 18, 23, 28, 33, 38]
 
 
 def count_text(kinds: list) -> str:
@@ -109,10 +112,26 @@ def _jamba(r: Reader, layers: int) -> list[str] | None:
     return ["full" if i % period == offset else "linear" for i in range(layers)]
 
 
+def _default_blocks_agree(r: Reader) -> bool:
+    """The private _block_types that transformers 4.x wrote into RecurrentGemma files; 5.23 does not read it and
+    takes the default pattern, so a file whose _block_types differs from that default is refused, not guessed."""
+    old = r.get("_block_types")
+    if old is None or old == GRIFFIN_DEFAULT:
+        return True
+    r.error(
+        "_block_types",
+        f"{shown(old)} is not the default pattern transformers 5.23 reads instead (it ignores "
+        "_block_types); set block_types",
+    )
+    return False
+
+
 def _griffin(r: Reader, layers: int) -> list[str] | None:
     """RecurrentGemma (Griffin): block_types repeated over the layers (RecurrentGemmaConfig.layers_block_type)."""
     blocks = r.get("block_types")
     why = ""
+    if blocks is None and not _default_blocks_agree(r):
+        return None
     if blocks is None:
         blocks, why = GRIFFIN_DEFAULT, "transformers RecurrentGemmaConfig default"
     if (
@@ -131,13 +150,46 @@ def _cross_layers(r: Reader, layers: int, kinds: list[str]) -> list[str] | None:
     """Mllama: the layers listed in cross_attention_layers attend to the image's positions, not the text's
     (transformers MllamaTextModel builds a MllamaCrossAttentionDecoderLayer there, self-attention elsewhere)."""
     given = r.get("cross_attention_layers")
+    if given is None and layers <= max(MLLAMA_CROSS_DEFAULT):
+        r.error(
+            "cross_attention_layers",
+            f"missing, and MllamaTextConfig's default [3, 8, …, 38] needs more than {layers} layers",
+        )
+        return None
+    if given is None:
+        given = MLLAMA_CROSS_DEFAULT
+        r.flag("cross_attention_layers", "missing: transformers MllamaTextConfig's default [3, 8, …, 38] is used")
     if not isinstance(given, list) or any(integral(i) is None or not 0 <= integral(i) < layers for i in given):
         r.error("cross_attention_layers", f"must be a list of layer numbers from 0 to {layers - 1:,}")
         return None
     cross = {integral(i) for i in given}
     out = ["cross" if i in cross else k for i, k in enumerate(kinds)]
-    r.note("cross-attention layers", "cross_attention_layers", len(cross))
+    why = "" if r.has("cross_attention_layers") else "transformers MllamaTextConfig default"
+    r.note("cross-attention layers", "cross_attention_layers", len(cross), why)
     return out
+
+
+def tokens_per_image(r: Reader) -> int | None:
+    """Mllama's cached positions per image: max_num_tiles tiles of (image_size // patch_size)² + 1 patches each
+    (transformers MllamaVisionModel.num_patches; the projected states keep every tile of every image)."""
+    vision = r.top.get("vision_config")
+    if not isinstance(vision, dict):
+        message = "missing or not an object: needed for the cross-attention layers' positions per image"
+        r.errors.append({"field": "vision_config", "message": message})  # a top-level key, not the text part's
+        return None
+    sub = Reader(vision, r.family)
+    sub.prefix = "vision_config."
+    defaults = "transformers MllamaVisionConfig default"
+    size = sub.whole("image_size", "image size", 1, 65536, 448, defaults)
+    patch = sub.whole("patch_size", "patch size", 1, 65536, 14, defaults)
+    tiles = sub.whole("max_num_tiles", "tiles per image", 1, 64, 4, defaults)
+    r.errors += sub.errors
+    r.used += sub.used
+    if None in (size, patch, tiles):
+        return None
+    per_image = tiles * ((size // patch) ** 2 + 1)
+    r.note("positions per image (tiles × ((image_size // patch_size)² + 1))", "vision_config", per_image)
+    return per_image
 
 
 def _base(r: Reader, layers: int) -> list[str] | None:
@@ -176,6 +228,6 @@ def _base(r: Reader, layers: int) -> list[str] | None:
 def layer_kinds(r: Reader, layers: int) -> list[str] | None:
     """Each layer's kind before sharing; None (with an error recorded) when the pattern cannot be read."""
     kinds = _base(r, layers)
-    if kinds is not None and r.has("cross_attention_layers"):
+    if kinds is not None and (r.has("cross_attention_layers") or r.family in MLLAMA_TYPES):
         return _cross_layers(r, layers, kinds)
     return kinds

@@ -55,14 +55,20 @@ def _linear_state(r: Reader) -> dict | None:
 
 
 def _griffin_state(r: Reader) -> dict | None:
-    """RecurrentGemma's recurrent block per sequence (transformers RecurrentGemmaRecurrentBlock._setup_cache):
-    conv1d_state (hidden_size × (conv1d_width − 1)) in the model's type, RG-LRU state (lru_width) in float32."""
+    """RecurrentGemma's recurrent block per sequence (transformers RecurrentGemmaRecurrentBlock): the conv1d_state
+    carried from prefill through decode is x_branch, lru_width × (conv1d_width − 1) in the model's type (_setup_cache
+    allocates hidden_size channels, equal in every published file), and the RG-LRU state lru_width in float32."""
     hidden = r.fact("hidden_size")
     width = r.whole("conv1d_width", "conv1d width", 1, 1024, 4, "transformers RecurrentGemmaConfig default")
     lru = r.whole("lru_width", "RG-LRU width", 1, BIG, hidden, "transformers RecurrentGemmaConfig: hidden_size")
     if None in (hidden, width, lru):
         return None
-    conv = _bounded(r, "conv1d_width", [hidden, width - 1], "conv")
+    if lru != hidden:
+        r.flag(
+            "lru_width",
+            f"{lru:,} ≠ hidden_size {hidden:,}: the conv state is counted lru_width wide, as decode fills it",
+        )
+    conv = _bounded(r, "conv1d_width", [lru, width - 1], "conv")
     return None if conv is None else {"conv": conv, "state": lru, "recurrent_bytes": 4}
 
 

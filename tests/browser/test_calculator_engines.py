@@ -43,6 +43,22 @@ def test_minicpm3_is_counted_as_vllm_caches_it_and_each_engine_is_named(page, fa
     expect(engines).to_contain_text("transformers 5.23.0: 35,712 B per token")
     expect(engines).to_contain_text("modeling_minicpm3.py")
     expect(engines).to_contain_text("llama.cpp (as vendored in llama-cpp-python 0.3.36): 793,600 B per token")
+    # With v_head_dim given, the one formula (793,600 B) differs from vLLM's count only by V padded from 64 to 96,
+    # and the page says that rather than blaming the head numbers.
+    paste(page, {**GOLDEN["minicpm3-4b-1"]["config_json"], "v_head_dim": 64})
+    total_is(page, 952_320)
+    expect(out(page, "naive-bytes")).to_contain_text("793,600 B")
+    expect(out(page, "naive-why")).to_contain_text("vLLM padding V from v_head_dim 64 to qk_nope + qk_rope")
+    expect(out(page, "naive-why")).not_to_contain_text("other head numbers")
+    assert console_errors == []
+
+
+def test_longcat_flash_counts_both_mla_attentions_of_each_layer(page, fake_server, console_errors):
+    open_calc(page, fake_server, "?block=1")
+    enter(page, "ctx", "1")
+    paste(page, GOLDEN["longcat-flash-two-mla-per-layer-1"]["config_json"])
+    total_is(page, 64_512)
+    expect(out(page, "engines")).to_contain_text("holds two DeepseekV2MLAAttention (self_attn.0, self_attn.1)")
     assert console_errors == []
 
 
@@ -76,6 +92,7 @@ def test_recurrentgemma_keeps_its_window_and_its_float32_state(page, fake_server
     expect(formula).to_contain_text("18 linear-attention / state-space layers")
     expect(formula).to_contain_text("2,560 recurrent × 4 B (kept in float32)")
     expect(out(page, "engines")).to_contain_text("not in vLLM 0.32.0's model registry")
+    expect(out(page, "engines")).to_contain_text("does not dispatch through the Transformers attention interface")
     assert console_errors == []
 
 

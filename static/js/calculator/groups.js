@@ -123,8 +123,12 @@ const WHY = {
 };
 
 // Why the one formula and the exact count differ, in one sentence built from what this model has.
-export function whyTheyDiffer(groups, storage, exact, naive) {
+export function whyTheyDiffer(groups, storage, exact, naive, shape = null) {
   const reasons = [...new Set(groups.map((g) => g.kind))].filter((k) => k in WHY).map((k) => WHY[k]);
+  if (paddedValue(shape, groups)) {
+    reasons.push(`each value is kept ${formatInt(shape.key_dim)} wide like its key, vLLM padding V from v_head_dim ${formatInt(shape.value_dim)} `
+      + `to qk_nope + qk_rope (models/minicpm3.py), where the one formula counts it ${formatInt(shape.value_dim)} wide`);
+  }
   if (new Set(groups.filter((g) => 'kv_heads' in g).map((g) => g.kv_heads)).size > 1) reasons.push('layers differ in their KV heads');
   if (storage.scale !== 'none') reasons.push(`the quantisation scales${storage.zero_point ? ' and zero points' : ''} take bytes of their own`);
   if (exact.groups.some((p) => p.positionsAllocated !== p.positionsHeld)) reasons.push(`each layer group holds whole blocks of ${storage.block_size}`);
@@ -139,8 +143,17 @@ export function whyTheyDiffer(groups, storage, exact, naive) {
   return `They differ because ${reasons.join('; ')}.`;
 }
 
-function naiveText(naive, storage) {
+// An MLA-keyed file whose layers cache full heads (MiniCPM3 in vLLM): the values there are padded to the key's width.
+function paddedValue(shape, groups) {
+  return Boolean(shape && 'key_dim' in shape && shape.value_dim < shape.key_dim && !groups.some((g) => g.kind === 'mla'));
+}
+
+function naiveText(naive, storage, groups) {
   const bytes = ELEMENT_BITS[storage.kv_dtype] / 8;
+  if (paddedValue(naive, groups)) {
+    return `Every head's key and its value at v_head_dim, unpadded, ${formatInt(naive.layers)} layers × `
+      + `${formatInt(naive.kv_heads)} heads × (${formatInt(naive.key_dim)} key + ${formatInt(naive.value_dim)} value) × ${bytes} B per position: `;
+  }
   if ('key_dim' in naive) {
     return `Without MLA's compression (every head's key and value kept), ${formatInt(naive.layers)} layers × `
       + `${formatInt(naive.kv_heads)} heads × (${formatInt(naive.key_dim)} key + ${formatInt(naive.value_dim)} value) × ${bytes} B per position: `;
@@ -158,7 +171,7 @@ export function renderNaive(el, { naive, naiveBytes, exact, groups, storage }) {
   }
   const ratio = exact.totalBytes ? naiveBytes / exact.totalBytes : null;
   const one = html('p');
-  one.append(naiveText(naive, storage));
+  one.append(naiveText(naive, storage, groups));
   const naiveOut = html('strong');
   naiveOut.dataset.out = 'naive-bytes';
   naiveOut.append(bytesNode(naiveBytes));
@@ -169,7 +182,7 @@ export function renderNaive(el, { naive, naiveBytes, exact, groups, storage }) {
   one.append(exactOut, '. One formula ÷ exact = ');
   const ratioOut = html('strong', { text: ratio === null ? '–' : `${ratio.toFixed(2)}×` });
   ratioOut.dataset.out = 'naive-ratio';
-  const why = html('p', { text: whyTheyDiffer(groups, storage, exact, naiveBytes) });
+  const why = html('p', { text: whyTheyDiffer(groups, storage, exact, naiveBytes, naive) });
   why.dataset.out = 'naive-why';
   one.append(ratioOut, '.');
   el.replaceChildren(one, why);

@@ -5,7 +5,7 @@
 // flagged; a key that changes the cache in a way this calculator does not model refuses the file. Where engines
 // cache different things for one file, `engines` gives each engine's groups and the source it follows.
 
-import { layerKinds, countText } from './kv-patterns.js';
+import { layerKinds, countText, tokensPerImage } from './kv-patterns.js';
 import { BIG, Reader, fmt, isObject, own, shown } from './kv-reader.js';
 import { stateKeys, stateSize } from './kv-state.js';
 
@@ -78,28 +78,6 @@ function fullHeads(r, heads) {
   return { kind: 'full', kv_heads: kv, head_dim: nope + rope };
 }
 
-// Mllama's cached positions per image: max_num_tiles tiles of (image_size // patch_size)² + 1 patches each.
-function tokensPerImage(r) {
-  const vision = own(r.top, 'vision_config');
-  if (!isObject(vision)) {
-    // A top-level key, not the text part's.
-    r.errors.push({ field: 'vision_config', message: "missing or not an object: needed for the cross-attention layers' positions per image" });
-    return null;
-  }
-  const sub = new Reader(vision, r.table, r.family);
-  sub.prefix = 'vision_config.';
-  const defaults = 'transformers MllamaVisionConfig default';
-  const size = sub.whole('image_size', 'image size', 1, 65536, 448, defaults);
-  const patch = sub.whole('patch_size', 'patch size', 1, 65536, 14, defaults);
-  const tiles = sub.whole('max_num_tiles', 'tiles per image', 1, 64, 4, defaults);
-  r.errors.push(...sub.errors);
-  r.used.push(...sub.used);
-  if ([size, patch, tiles].includes(null)) return null;
-  const perImage = tiles * (Math.floor(size / patch) ** 2 + 1);
-  r.note('positions per image (tiles × ((image_size // patch_size)² + 1))', 'vision_config', perImage);
-  return perImage;
-}
-
 function extras(r, kinds, context, heads) {
   const extra = {};
   if (r.has('kv_lora_rank')) extra.mla = r.table.mla.full_heads.includes(r.family) ? fullHeads(r, heads) : mla(r);
@@ -138,13 +116,40 @@ function grouped(layers) {
   return [...groups.values()].map(({ kind, layers: n, ...rest }) => ({ kind, layers: n, ...rest }));
 }
 
+// A minimax_m2 attn_type_list of one 1 per layer: vLLM's models/minimax_m2.py never reads the list and gives every
+// layer full attention, which the list then says too.
+function allFullAttention(r) {
+  const types = r.get('attn_type_list');
+  const layers = integral(r.get('num_hidden_layers'));
+  if (r.family !== 'minimax_m2' || !Array.isArray(types) || types.length !== layers) return false;
+  if (types.some((t) => integral(t) !== 1)) return false;
+  r.note('attention types (1: full attention in every layer)', 'attn_type_list', `${layers} full`);
+  return true;
+}
+
 // Keys that change the cache in a way this calculator does not model: the file is refused, the key named.
 function refuseUnread(r) {
   for (const entry of r.table.unread) {
     const v = r.get(entry.key);
     if (v === null || v === false || v === 0) continue;
+    if (entry.key === 'attn_type_list' && allFullAttention(r)) continue;
     r.error(entry.key, `${entry.why}, so this calculator refuses the file rather than count it wrong`);
   }
+}
+
+// Cache layers. LongCat-Flash holds two MLA attentions per decoder layer, each with its own cache (vLLM
+// models/longcat_flash.py; transformers LongcatFlashConfig.num_hidden_layers = 2 × num_layers): 2 × num_layers; a
+// num_hidden_layers in such a file already counts both.
+function layerCount(r) {
+  if (!r.table.mla.two_per_layer.includes(r.family) || !r.has('num_layers')) return r.fact('layers', 1, 4096);
+  const decoder = r.whole('num_layers', 'decoder layers, two MLA attentions each', 1, 2048);
+  const flat = r.get('num_hidden_layers');
+  if (decoder === null || (flat !== null && integral(flat) !== 2 * decoder)) {
+    if (decoder !== null) r.error('num_hidden_layers', `${shown(flat)} is not 2 × num_layers (${fmt(2 * decoder)}), as LongcatFlashConfig has it`);
+    return null;
+  }
+  r.note('attention layers (2 × num_layers)', 'num_layers', 2 * decoder);
+  return 2 * decoder;
 }
 
 // An MLA file whose family no engine rule here covers: latent or full heads is the model file's choice.
@@ -152,7 +157,7 @@ function refuseMlaFamily(r) {
   const { latent, full_heads: full } = r.table.mla;
   if (r.has('kv_lora_rank') && r.family && !latent.includes(r.family) && !full.includes(r.family)) {
     r.error('kv_lora_rank', `model_type ${r.family}: whether its engines cache the MLA latent or full per-head keys and values is `
-      + 'not known here (vLLM caches the latent only for its MLA families), so the file is refused');
+      + 'not known here (the latent is counted only for the MLA families whose model file was read), so the file is refused');
   }
 }
 
@@ -286,7 +291,7 @@ export function readConfig(config, table) {
   refuseMlaFamily(r);
   typeFields(r);
   flagOutsideFamilies(r);
-  const layers = r.fact('layers', 1, 4096);
+  const layers = layerCount(r);
   const heads = r.fact('attention_heads', 1, BIG, null, 'not given: only the KV heads matter');
   const context = r.fact('context', 1, BIG, null, 'no context limit');
   const weights = weightsOf(r);

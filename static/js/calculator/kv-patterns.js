@@ -2,7 +2,7 @@
 // image's positions), no DOM: the twin of formulas/kv_patterns.py. From layer_types when the file has one, else the
 // rule of transformers' config class for the model_type; the sources per rule are in docs/calculator.md.
 
-import { BIG, fmt, shown } from './kv-reader.js';
+import { BIG, Reader, fmt, isObject, own, shown } from './kv-reader.js';
 
 const TYPE_NAMES = new Map([
   ['full_attention', 'full'], ['attention', 'full'], ['sliding_attention', 'sliding'], ['chunked_attention', 'chunked'],
@@ -13,6 +13,9 @@ const QWEN_WINDOWED = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen3_vl_text', 'mimo'];
 // transformers RecurrentGemmaConfig.layers_block_type: block_types cycled over the layers.
 const GRIFFIN_BLOCKS = new Map([['recurrent', 'linear'], ['attention', 'sliding']]);
 const GRIFFIN_DEFAULT = ['recurrent', 'recurrent', 'attention'];
+// transformers MllamaTextConfig.__post_init__: the cross-attention layers a file leaving the key out gets.
+const MLLAMA_TYPES = ['mllama', 'mllama_text_model'];
+const MLLAMA_CROSS_DEFAULT = [3, 8, 13, 18, 23, 28, 33, 38];
 const integral = (v) => (typeof v === 'number' && Number.isInteger(v) ? v : null);
 
 export function countText(kinds) {
@@ -96,10 +99,20 @@ function jamba(r, layers) {
   return Array.from({ length: layers }, (_, i) => (i % period === offset ? 'full' : 'linear'));
 }
 
+// The private _block_types that transformers 4.x wrote into RecurrentGemma files; 5.23 does not read it and takes
+// the default pattern, so a file whose _block_types differs from that default is refused, not guessed.
+function defaultBlocksAgree(r) {
+  const old = r.get('_block_types');
+  if (old === null || (Array.isArray(old) && old.length === GRIFFIN_DEFAULT.length && old.every((b, i) => b === GRIFFIN_DEFAULT[i]))) return true;
+  r.error('_block_types', `${shown(old)} is not the default pattern transformers 5.23 reads instead (it ignores _block_types); set block_types`);
+  return false;
+}
+
 // RecurrentGemma (Griffin): block_types repeated over the layers (RecurrentGemmaConfig.layers_block_type).
 function griffin(r, layers) {
   let blocks = r.get('block_types');
   let why = '';
+  if (blocks === null && !defaultBlocksAgree(r)) return null;
   if (blocks === null) { blocks = GRIFFIN_DEFAULT; why = 'transformers RecurrentGemmaConfig default'; }
   if (!Array.isArray(blocks) || !blocks.length || blocks.some((b) => typeof b !== 'string' || !GRIFFIN_BLOCKS.has(b))) {
     r.error('block_types', `must be a list of ${[...GRIFFIN_BLOCKS.keys()].join(', ')} (got ${shown(blocks)})`);
@@ -112,14 +125,44 @@ function griffin(r, layers) {
 
 // Mllama: the layers in cross_attention_layers attend to the image's positions, not the text's.
 function crossLayers(r, layers, kinds) {
-  const given = r.get('cross_attention_layers');
+  let given = r.get('cross_attention_layers');
+  if (given === null && layers <= Math.max(...MLLAMA_CROSS_DEFAULT)) {
+    r.error('cross_attention_layers', `missing, and MllamaTextConfig's default [3, 8, …, 38] needs more than ${layers} layers`);
+    return null;
+  }
+  if (given === null) {
+    given = MLLAMA_CROSS_DEFAULT;
+    r.flag('cross_attention_layers', "missing: transformers MllamaTextConfig's default [3, 8, …, 38] is used");
+  }
   if (!Array.isArray(given) || given.some((i) => integral(i) === null || i < 0 || i >= layers)) {
     r.error('cross_attention_layers', `must be a list of layer numbers from 0 to ${fmt(layers - 1)}`);
     return null;
   }
   const cross = new Set(given);
-  r.note('cross-attention layers', 'cross_attention_layers', cross.size);
+  r.note('cross-attention layers', 'cross_attention_layers', cross.size, r.has('cross_attention_layers') ? '' : 'transformers MllamaTextConfig default');
   return kinds.map((k, i) => (cross.has(i) ? 'cross' : k));
+}
+
+// Mllama's cached positions per image: max_num_tiles tiles of (image_size // patch_size)² + 1 patches each.
+export function tokensPerImage(r) {
+  const vision = own(r.top, 'vision_config');
+  if (!isObject(vision)) {
+    // A top-level key, not the text part's.
+    r.errors.push({ field: 'vision_config', message: "missing or not an object: needed for the cross-attention layers' positions per image" });
+    return null;
+  }
+  const sub = new Reader(vision, r.table, r.family);
+  sub.prefix = 'vision_config.';
+  const defaults = 'transformers MllamaVisionConfig default';
+  const size = sub.whole('image_size', 'image size', 1, 65536, 448, defaults);
+  const patch = sub.whole('patch_size', 'patch size', 1, 65536, 14, defaults);
+  const tiles = sub.whole('max_num_tiles', 'tiles per image', 1, 64, 4, defaults);
+  r.errors.push(...sub.errors);
+  r.used.push(...sub.used);
+  if ([size, patch, tiles].includes(null)) return null;
+  const perImage = tiles * (Math.floor(size / patch) ** 2 + 1);
+  r.note('positions per image (tiles × ((image_size // patch_size)² + 1))', 'vision_config', perImage);
+  return perImage;
 }
 
 function base(r, layers) {
@@ -151,6 +194,6 @@ function base(r, layers) {
 // Each layer's kind before sharing; null (with an error recorded) when the pattern cannot be read.
 export function layerKinds(r, layers) {
   const kinds = base(r, layers);
-  if (kinds !== null && r.has('cross_attention_layers')) return crossLayers(r, layers, kinds);
+  if (kinds !== null && (r.has('cross_attention_layers') || MLLAMA_TYPES.includes(r.family))) return crossLayers(r, layers, kinds);
   return kinds;
 }

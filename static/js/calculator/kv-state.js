@@ -49,14 +49,16 @@ function linearState(r) {
   return conv === null || state === null ? null : { conv, state, conv_kernel: kernel };
 }
 
-// RecurrentGemma's recurrent block per sequence (transformers RecurrentGemmaRecurrentBlock._setup_cache):
-// conv1d_state hidden_size × (conv1d_width − 1) in the model's type, the RG-LRU state lru_width in float32.
+// RecurrentGemma's recurrent block per sequence (transformers RecurrentGemmaRecurrentBlock): the conv1d_state carried
+// from prefill through decode is x_branch, lru_width × (conv1d_width − 1) in the model's type (_setup_cache allocates
+// hidden_size channels, equal in every published file), and the RG-LRU state lru_width in float32.
 function griffinState(r) {
   const hidden = r.fact('hidden_size');
   const width = r.whole('conv1d_width', 'conv1d width', 1, 1024, 4, 'transformers RecurrentGemmaConfig default');
   const lru = r.whole('lru_width', 'RG-LRU width', 1, BIG, hidden, 'transformers RecurrentGemmaConfig: hidden_size');
   if ([hidden, width, lru].includes(null)) return null;
-  const conv = bounded(r, 'conv1d_width', [hidden, width - 1], 'conv');
+  if (lru !== hidden) r.flag('lru_width', `${fmt(lru)} ≠ hidden_size ${fmt(hidden)}: the conv state is counted lru_width wide, as decode fills it`);
+  const conv = bounded(r, 'conv1d_width', [lru, width - 1], 'conv');
   return conv === null ? null : { conv, state: lru, recurrent_bytes: 4 };
 }
 

@@ -10,7 +10,7 @@ const EXTRA_KEYS = [
   'max_position_embeddings', 'qk_nope_head_dim', 'v_head_dim', 'linear_num_key_heads', 'linear_key_head_dim',
   'linear_value_head_dim', 'linear_conv_kernel_dim', 'mamba_d_state', 'mamba_d_conv', 'mamba_expand', 'torch_dtype',
   'dtype', 'quantization_config', 'attn_config', 'mamba_ssm_dtype', 'conv1d_width', 'vision_config',
-  'new_decoder_architecture', 'no_rope_layers',
+  'new_decoder_architecture', 'no_rope_layers', '_block_types',
 ];
 const NESTED_KEEP = {
   quantization_config: ['quant_method', 'fmt', 'weight_block_size'], attn_config: ['kv_n_heads'],
