@@ -78,7 +78,8 @@ def quality_messages(data: dict) -> list[list[dict[str, str]]]:
 def _engine(args: argparse.Namespace, route: str, clients: int):
     """A loaded engine whose worker thread never starts: the bench's one thread runs every route's
     steps (run_stepped_all), so no route is helped or hurt by which thread torch runs on (two idle
-    OpenMP teams beside a busy one cost the small int4/int8 steps most; docs/performance.md)."""
+    OpenMP teams beside a busy one cost the small int4/int8 steps most; docs/history/2026-12-02-performance.md,
+    "A faster lone stream on a CPU")."""
     from model_runner.loading.loader import load
     from model_runner.local.engine import Engine, EngineConfig
 

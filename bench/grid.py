@@ -77,7 +77,8 @@ class Bench:
         self.notes: list[str] = list(target.notes)
         self.ceilings: dict[str, Any] = {}
         # The comparisons run all their model work on one thread: on a busy 2-core machine the same
-        # torch loop measured up to 3x slower on one thread than on another (see docs/performance.md),
+        # torch loop measured up to 3x slower on one thread than on another (see
+        # docs/history/2026-12-02-performance.md, "A trap on shared CPUs: which thread runs torch"),
         # which would swamp a 3 % target. So the engine compared with the baselines is a second
         # Engine on the same model object, its worker never started, stepped on this thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-baseline")

@@ -18,15 +18,15 @@ GROUP = 32  # int4: inputs per scale and zero (the GGUF's Q4_1 block)
 K_MULTIPLE = 16  # the CPU kernel reads inputs 16 at a time: other widths give wrong sums (or crash), so they stay float
 # A call with at least this many rows (a prompt's prefill) runs on the float32 weights where a route keeps
 # them: torch's int4/int8 kernels lose to float32's GEMM on many rows (2.5x slower at 64 under AVX2,
-# docs/performance.md), while a decode step's few rows are bound by the bytes read, where 4 bits win.
+# docs/history/2026-12-02-performance.md, "Candidates, side by side"), while a decode step's few rows are bound by the bytes read, where 4 bits win.
 FLOAT_ROWS = 16
 RESCORED = 32  # head candidates scored again in float32: far more than the approximate head's error can reorder
 
 
 # A step that mixes chunks of chunked prefills (often the rest of a prompt after its cached prefix) with decodes
 # runs on the kernels' weights while it has at most this many rows. Over this model's layers the int4 kernel
-# still beat float32's GEMM at 45 rows under AVX-512 and lost at 80 (two threads, docs/performance.md, "A
-# class's steps"), so 40 keeps a margin; under AVX2 the two tied at 15 rows and float32 won from 23, so there
+# still beat float32's GEMM at 45 rows under AVX-512 and lost at 80 (two threads,
+# docs/history/2026-12-02-performance.md, "A class's steps"), so 40 keeps a margin; under AVX2 the two tied at 15 rows and float32 won from 23, so there
 # a mixed step keeps the rule of any other call (float32 from FLOAT_ROWS rows).
 MIXED_KERNEL_ROWS = (("AVX512", 40),)  # (torch's CPU capability prefix, rows); any other: FLOAT_ROWS - 1
 
@@ -45,7 +45,8 @@ def kernel_step():
     """Inside: a step whose rows all run on the kernels' weights and the head's int8 pass whatever their count:
     a step of decode tokens only (one new token a request), however many requests share it, or a small step
     mixing chunks of chunked prefills with decodes (mixed_kernel_rows(), local/step/forward.py on_kernels). 16 decode rows on torch's int4 kernel take
-    about half float32's time on this AVX-512 CPU (measured, docs/performance.md), and a batch of 16 on the
+    about half float32's time on this AVX-512 CPU (measured, docs/history/2026-12-02-performance.md, "A decode
+    batch is not a prompt"), and a batch of 16 on the
     float32 copies ran 172 ms a step against 59 ms for 8 (the serving chapter's recording before this)."""
     token = _KERNEL_STEP.set(True)
     try:
@@ -149,7 +150,8 @@ class Int4Siblings:
     weights and scales become one tensor each and each layer's buffers views of its own rows (nothing held
     twice); the first sibling called with an input computes all their outputs, the others take theirs. Bit
     for bit the separate calls (each output is its own sum); fewer, wider calls cost less a decode step
-    (one call for q, k, v took 0.68x the three calls' time at one row under AVX2, docs/performance.md)."""
+    (one call for q, k, v took 0.68x the three calls' time at one row under AVX2,
+    docs/history/2026-12-02-performance.md, "Less work per token outside the matmuls")."""
 
     def __init__(self, layers: list[Int4Linear]):
         self.weight = torch.cat([layer.weight for layer in layers])  # packed rows: one per output

@@ -39,7 +39,8 @@ class DtypeRoute:
 def fast_route_for(capability: str) -> str | None:
     """The quantized route whose torch kernel is fast on a CPU of this vector capability (as
     torch.backends.cpu.get_cpu_capability() names it): int4 on AVX-512 and on AVX2 (torch 2.13's
-    int4 kernel has an AVX2 path as fast as int8's, docs/performance.md); None elsewhere."""
+    int4 kernel has an AVX2 path as fast as int8's, docs/history/2026-12-02-performance.md, "Candidates, side
+    by side"); None elsewhere."""
     name = capability.upper()
     return "int4" if name.startswith(("AVX512", "AVX2")) else None
 
@@ -48,7 +49,8 @@ def float_prefill_for(capability: str) -> bool:
     """Whether int4 runs a prompt's prefill on the float32 weights (kept at load): on AVX2 and AVX-512 alike,
     since a prompt run in float32 leaves float32's own KV cache and first token, so the greedy answers stay
     the model's (identical to float32 on 20 and 21 of 24 prompts with it, 17 and 19 without, measured), and
-    under AVX2 torch's int4 kernel takes 2.5x float32's time on 64 rows (docs/performance.md). A small step
+    under AVX2 torch's int4 kernel takes 2.5x float32's time on 64 rows (docs/history/2026-12-02-performance.md,
+    "Candidates, side by side"). A small step
     mixing a prompt's chunk with decodes is the exception (quantize.mixed_kernel_rows: int4 is faster there)."""
     return capability.upper().startswith(("AVX512", "AVX2"))
 
