@@ -85,7 +85,11 @@ def _full_heads(r: Reader, heads: int | None) -> dict | None:
     (V padded to it), so the cache holds full per-head keys and values, not the latent."""
     nope = r.whole("qk_nope_head_dim", "MLA no-RoPE key dims", 0, 65536, 64, "transformers MiniCPM3Config default")
     rope = r.whole("qk_rope_head_dim", "MLA RoPE dims", 0, 65536)
-    kv = r.fact("kv_heads", 1, BIG, heads, "equal to the attention heads")
+    kv = heads  # vLLM: num_kv_heads=self.num_local_heads, the attention heads, whatever num_key_value_heads says
+    if kv is None:
+        r.error("num_attention_heads", "missing: vLLM's MiniCPM3 caches one key and value per attention head")
+    else:
+        r.note("KV heads (vLLM's MiniCPM3: one per attention head)", "num_attention_heads", kv)
     if None in (nope, rope, kv) or nope + rope == 0:
         return None
     return {"kind": "full", "kv_heads": kv, "head_dim": nope + rope}

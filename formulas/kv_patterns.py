@@ -1,6 +1,7 @@
 """Each layer's kind, before sharing: full, sliding, chunked, linear (a per-sequence state) or cross (attention over
 an image's positions), from `layer_types` when the file has one, else the rule of transformers' config class for
-that model_type. static/js/calculator/kv-patterns.js is the twin; the sources per rule are in docs/calculator.md."""
+that model_type, and a cross-attention layer's positions per image. static/js/calculator/kv-patterns.js is the twin;
+the sources per rule are in docs/calculator.md."""
 
 from __future__ import annotations
 
@@ -188,7 +189,8 @@ def tokens_per_image(r: Reader) -> int | None:
     if None in (size, patch, tiles):
         return None
     per_image = tiles * ((size // patch) ** 2 + 1)
-    r.note("positions per image (tiles × ((image_size // patch_size)² + 1))", "vision_config", per_image)
+    name = "positions per image (tiles × ((image_size // patch_size)² + 1))"
+    r.used.append({"name": name, "key": "vision_config", "value": per_image})  # a top-level key, not the text part's
     return per_image
 
 

@@ -73,7 +73,9 @@ function mla(r) {
 function fullHeads(r, heads) {
   const nope = r.whole('qk_nope_head_dim', 'MLA no-RoPE key dims', 0, 65536, 64, 'transformers MiniCPM3Config default');
   const rope = r.whole('qk_rope_head_dim', 'MLA RoPE dims', 0, 65536);
-  const kv = r.fact('kv_heads', 1, BIG, heads, 'equal to the attention heads');
+  const kv = heads; // vLLM: num_kv_heads=self.num_local_heads, the attention heads, whatever num_key_value_heads says
+  if (kv === null) r.error('num_attention_heads', "missing: vLLM's MiniCPM3 caches one key and value per attention head");
+  else r.note("KV heads (vLLM's MiniCPM3: one per attention head)", 'num_attention_heads', kv);
   if ([nope, rope, kv].includes(null) || nope + rope === 0) return null;
   return { kind: 'full', kv_heads: kv, head_dim: nope + rope };
 }

@@ -1,6 +1,7 @@
 // Each layer's kind before sharing (full, sliding, chunked, linear: a per-sequence state, cross: attention over an
 // image's positions), no DOM: the twin of formulas/kv_patterns.py. From layer_types when the file has one, else the
-// rule of transformers' config class for the model_type; the sources per rule are in docs/calculator.md.
+// rule of transformers' config class for the model_type, and a cross-attention layer's positions per image; the
+// sources per rule are in docs/calculator.md.
 
 import { BIG, Reader, fmt, isObject, own, shown } from './kv-reader.js';
 
@@ -161,7 +162,8 @@ export function tokensPerImage(r) {
   r.used.push(...sub.used);
   if ([size, patch, tiles].includes(null)) return null;
   const perImage = tiles * (Math.floor(size / patch) ** 2 + 1);
-  r.note('positions per image (tiles × ((image_size // patch_size)² + 1))', 'vision_config', perImage);
+  // A top-level key, not the text part's.
+  r.used.push({ name: 'positions per image (tiles × ((image_size // patch_size)² + 1))', key: 'vision_config', value: perImage });
   return perImage;
 }
 
