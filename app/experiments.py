@@ -10,10 +10,11 @@ import threading
 
 from flask import Blueprint, current_app, jsonify, request
 
-from app.engine_ext import get_engine
+from app.engine_ext import decoder, get_engine
 from app.protocol import parse_json_object
 from app.security import origin_refusal, policy_changes_allowed
 from model_runner.protocol.errors import UserError
+from serving_experiments.contract import decoder_words
 from serving_experiments.harness import parse_params
 from serving_experiments.registry import EXPERIMENTS, Experiment, experiment
 
@@ -114,6 +115,8 @@ def machine(engine) -> dict:
         # whether a prompt of FLOAT_ROWS tokens or more ran on float32 copies (int4 only): which kernel a prefill ran
         "float_prefill": bool((facts.cost_shape or {}).get("float_prefill")),
         "threads": torch.get_num_threads(),
+        # the decoder that ran its steps, named as a recording names it: the same model runs at another speed on each
+        "decoder": decoder_words(decoder(engine)),
         "load_1m": round(os.getloadavg()[0], 2),
     }
 

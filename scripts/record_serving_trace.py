@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from model_runner.protocol.trace import host_context, route_of, warm_up  # noqa: E402
-from serving_experiments.contract import RECORDED_APART, check_trace  # noqa: E402
+from serving_experiments.contract import RECORDED_APART, check_trace, decoder_words  # noqa: E402
 from serving_experiments.evidence import floor_problems  # noqa: E402
 from serving_experiments.evidence import problem_words as floor_words  # noqa: E402
 from serving_experiments.registry import EXPERIMENTS  # noqa: E402
@@ -91,15 +91,6 @@ def machine_name() -> str:
     """The machine a recording was made on, as the page names it: the CPU's model name, its architecture
     and core count ("Intel(R) Xeon(R) Processor, x86_64, 2 cores")."""
     return ", ".join(part for part in (cpu_model(), platform.machine(), f"{os.cpu_count()} cores") if part)
-
-
-DECODER_WORDS = {"native": "the native step", "transformers": "transformers' forward"}
-
-
-def decoder_words(report: dict | None) -> str:
-    """The decoder that ran a recording's steps, as its source line names it (the engine's decoder report)."""
-    name = (report or {}).get("name")
-    return DECODER_WORDS.get(name, f"decoder {name}" if name else "decoder not reported by the engine")
 
 
 def recording_context(facts: dict, load_start: float) -> dict:

@@ -8,6 +8,17 @@ from typing import Any
 from serving_experiments.experiments.why_batch import BATCHES
 from serving_experiments.registry import EXPERIMENTS
 
+# How a source line names the decoder that ran a run's steps, by the engine's decoder report's `name`
+# (model_runner/local/model/decoders.py): the same model runs at another speed on the other one.
+DECODER_WORDS = {"native": "the native step", "transformers": "transformers' forward"}
+
+
+def decoder_words(report: dict | None) -> str:
+    """The decoder that ran a run's steps, as its source line names it (the engine's decoder report)."""
+    name = (report or {}).get("name")
+    return DECODER_WORDS.get(name, f"decoder {name}" if name else "decoder not reported by the engine")
+
+
 RESULT_KEYS = {
     "why_batch": {"points"},
     "batching": {"workload", "runs"},

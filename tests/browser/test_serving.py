@@ -576,6 +576,8 @@ def test_run_it_for_real_draws_the_servers_answer_for_every_experiment(page, fak
         assert check_response(EXPERIMENT[stage], response) == []
         expect(figure).to_have_attribute("data-source", "live", timeout=60_000)
         expect(page.locator(".sv-source")).to_contain_text("Live run")
+        # the decoder that ran the live steps, as the server reports it
+        expect(page.locator(".sv-source .sv-decoder")).to_have_text(response["machine"]["decoder"])
         CHECKS[stage](page, response["result"])
         assert page.evaluate(WALK, ["#serving", CHAPTER_STRUCTURE, KINDS]) == [], f"{stage}: unlabelled numbers"
         if stage == "chunked":

@@ -52,7 +52,8 @@ def default_sentence(result: dict, machine: dict) -> str:
         if machine.get("route") in BFLOAT16_INPUTS:  # the amplifier: a changed sum rounds to another bfloat16 input
             tail += (
                 f". The gap moved by {fixed(abs(a - b), 4)} logits, far more than reordering a float32 sum moves it: "
-                f"on the {machine['route']} route each decode matmul rounds its inputs to bfloat16 (8 significant bits), "
+                f"on the {machine['route']} route each linear layer of a decode step rounds its inputs to bfloat16 "
+                "(8 significant bits), "
                 "so a sum that changed in its lowest bits can round to the next bfloat16 value, a step of 0.4 to 0.8 % "
                 "of its size, and the layers after carry that step forward."
             )
@@ -180,6 +181,7 @@ def test_without_a_recording_no_number_is_shown_and_the_live_run_draws_the_serve
     assert answer.value.status == 200, response
     assert check_response("batch_invariance", response) == []
     expect(section.locator(".sv-inv-source")).to_contain_text("Live run", timeout=30_000)
+    expect(section.locator(".sv-inv-source .sv-decoder")).to_have_text(response["machine"]["decoder"])
     check_drawn(page, response)
     invariant = response["result"]["runs"]["invariant"]
     assert invariant["report"]["on"] is True and all(r["same_answer"] for r in invariant["requests"])

@@ -15,7 +15,7 @@ from app.experiments import LOCK_KEY
 from formulas import cost
 from model_runner.loading.model_shape import shape_of
 from model_runner.protocol.metrics import percentile
-from serving_experiments.contract import check_response
+from serving_experiments.contract import DECODER_WORDS, check_response
 from serving_experiments.evidence import FLOORS, LOADED, loaded, point_evidence
 from serving_experiments.experiments.attention_cost import line_fit
 from serving_experiments.experiments.why_batch import BATCHES, PREFILL_RUNS
@@ -76,6 +76,8 @@ def test_each_experiment_answers_the_contract_shape(fake_app, name, monkeypatch)
     assert response.json["machine"]["route"] == engine.facts.dtype_route  # the route every time in it ran on
     # whether prompts ran on float32 copies: the page names the prefill's kernel from it (shared/route.js kernelsOf)
     assert response.json["machine"]["float_prefill"] is bool((engine.facts.cost_shape or {}).get("float_prefill"))
+    # the decoder that ran the steps, named as a recording's source line names it
+    assert response.json["machine"]["decoder"] == DECODER_WORDS[engine.decoder()["name"]]
     assert response.json["params"] == {**{k: p.default for k, p in EXPERIMENTS[name].params.items()}, **SMALL[name]}
     assert engine.policy == before  # whatever it set for its run is undone
     assert engine.active == 0

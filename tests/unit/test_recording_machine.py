@@ -4,6 +4,7 @@ from /proc/cpuinfo at the top of the file and in each in-process experiment's ma
 from __future__ import annotations
 
 from scripts import record_serving_trace as rec
+from serving_experiments.contract import DECODER_WORDS
 
 CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t: avx512f\n"
 
@@ -46,7 +47,7 @@ def test_every_shipped_recording_names_its_decoder_and_says_what_was_edited_afte
     data = Path(__file__).resolve().parents[2] / "static/data"
     for name in ("serving-trace.json", "invariance-trace.json", "trace-example.json"):
         on = json.loads((data / name).read_text(encoding="utf-8"))["recorded_on"]
-        assert on["decoder"] in rec.DECODER_WORDS.values(), name
+        assert on["decoder"] in DECODER_WORDS.values(), name
         assert on["decoder"] == "transformers' forward", name  # recorded 2026-12-01, before the native step
         edits = on["edited_after_recording"]
         assert edits and all(e["date"].startswith("2026-12-02") and e["what"] for e in edits), name

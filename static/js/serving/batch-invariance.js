@@ -35,10 +35,12 @@ function sourceLine(node, response, recordedOn) {
       + `${recordedOn.cpu_capability ? ` (${recordedOn.cpu_capability})` : ''}, ${recordedOn.date || 'date not given'}`,
     'measured', 'sv-source-detail');
     node.append(', on ');
-    setting(node, decoderOf(recordedOn), 'sv-decoder');
+    setting(node, decoderOf(m.decoder ? m : recordedOn), 'sv-decoder');
   } else {
     node.append('Live run ');
     value(node, m.device || m.cpu || 'this server', 'measured', 'sv-source-detail');
+    node.append(', on ');
+    setting(node, decoderOf(m), 'sv-decoder'); // as the server reports the decoder that ran the steps
   }
   node.append(', ');
   setting(node, formatInt(r.requests));

@@ -141,7 +141,8 @@ function sourceLine(stage) {
     value(node, `${model}, ${machine}${isa ? ` (${isa})` : ''}, ${date || 'date not given'}`,
       'measured', 'sv-source-detail');
     node.append(', on ');
-    setting(node, decoderOf(on), 'sv-decoder'); // the decoder that ran its steps: how the run was made
+    // the decoder that ran its steps: how the run was made (the experiment's own where it names one)
+    setting(node, decoderOf(m.decoder ? m : on), 'sv-decoder');
     node.append(', load ');
     // This experiment's own load when the recording has it, else the recording's at its start.
     value(node, formatFixed(Number.isFinite(m.load_1m) ? m.load_1m : on.load_1m, 2), 'measured');
@@ -153,6 +154,8 @@ function sourceLine(stage) {
       node.append(', ');
       value(node, `${formatInt(m.threads)} threads`, 'measured');
     }
+    node.append(', on ');
+    setting(node, decoderOf(m), 'sv-decoder'); // as the server reports the decoder that ran the steps
     node.append(', load ');
     value(node, formatFixed(m.load_1m, 2), 'measured');
   }
