@@ -450,8 +450,8 @@ IDEAS = [
     ("#stage-cache", "about 150 MiB"),
     ("#stage-cache", "about 4.7 GiB"),
     ("#stage-end", "Fluent is not correct"),
-    ("#stage-cache", "not a database of verified facts"),
-    ("#stage-cache", "no guarantee that the model read those positions correctly"),
+    ("#stage-cache", "checked against nothing in the world"),
+    ("#stage-cache", "that reading is cached and reused exactly as a right one is"),
 ]
 
 

@@ -52,7 +52,8 @@ export function loadText(loads) {
   return loads.map((l) => formatFixed(l, 2)).join(' → ');
 }
 
-// Routes whose decode matmuls round their inputs to bfloat16 (model_runner/loading/quantize.py MM_DTYPE).
+// Routes whose linear layers round a decode step's inputs to bfloat16 (model_runner/loading/quantize.py MM_DTYPE);
+// attention's products and the head's rescoring stay float32.
 const BFLOAT16_INPUTS = ['int4', 'int8'];
 const BFLOAT16_BITS = 8; // significant bits of a bfloat16 (7 stored, 1 implied): a step is 2^-8 to 2^-7 of the value
 
@@ -70,7 +71,7 @@ function partingParts(p, route) {
   if (BFLOAT16_INPUTS.includes(route)) {
     // a swing of hundredths of a logit is far more than float32 rounding moves a sum: the bfloat16 inputs amplify it
     parts.push('. The gap moved by ', [formatFixed(Math.abs(a - b), 4), 'computed'], ' logits, far more than reordering a '
-      + 'float32 sum moves it: on the ', [route, 'setting'], ' route each decode matmul rounds its inputs to bfloat16 (',
+      + 'float32 sum moves it: on the ', [route, 'setting'], ' route each linear layer of a decode step rounds its inputs to bfloat16 (',
     [formatInt(BFLOAT16_BITS), 'setting'], ' significant bits), so a sum that changed in its lowest bits can round to the next '
       + 'bfloat16 value, a step of ', [`${formatFixed(100 / 2 ** BFLOAT16_BITS, 1)} to ${formatFixed(200 / 2 ** BFLOAT16_BITS, 1)} %`,
       'computed'], ' of its size, and the layers after carry that step forward.');
