@@ -149,3 +149,20 @@ def test_the_superseded_runs_are_dated_history_the_page_links():
     assert HISTORY.exists() and "history/2026-12-02-performance.md" in DOC
     text = HISTORY.read_text(encoding="utf-8")
     assert text.startswith("# History:") and "superseded" in text.split("\n\n")[1]
+
+
+def test_every_section_a_file_cites_on_this_page_is_one_of_its_headings():
+    """A doc or code comment that sends the reader to a named section of docs/performance.md finds it there,
+    not only in the history file the older sections moved to."""
+    import re
+
+    headings = [line.lstrip("#").strip() for line in DOC.splitlines() if line.startswith("#")]
+    cite = re.compile(r"(?<!history/2026-12-02-)performance\.md`?,?\s+\"([^\"]+)\"")
+    files = [*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("model_runner/**/*.py"), *ROOT.glob("bench/*.py")]
+    stale = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in cite.findall(path.read_text(encoding="utf-8").replace("\n", " "))
+        if not any(h.startswith(name) for h in headings)
+    ]
+    assert stale == []
