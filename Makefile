@@ -89,8 +89,6 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
 
-test-vllm: install-test chromium $(VLLM_VENV)/.installed
-	KVSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -ra -m vllm tests/vllm $(PYTEST_ARGS)
 
 # The numerics-sensitive tests under each CPU capability torch can be forced to (MKL's and oneDNN's caps to
 # match; a capability the CPU lacks falls back to the best it has), then natively on two torch threads (the
@@ -123,6 +121,11 @@ $(CLIENTS_VENV)/.installed:
 
 test-clients: install $(CLIENTS_VENV)/.installed
 	$(abspath $(BIN))/python $(CURDIR)/tests/clients/run_clients.py --clients-python $(abspath $(CLIENTS_VENV))/bin/python
+
+# Declared after the clients' venv, which it also uses (LangChain's structured output through the proxy).
+test-vllm: install-test chromium $(VLLM_VENV)/.installed $(CLIENTS_VENV)/.installed
+	KVSCOPE_VLLM_PYTHON=$(VLLM_VENV)/bin/python KVSCOPE_CLIENTS_PYTHON=$(abspath $(CLIENTS_VENV))/bin/python \
+	  $(BIN)/python -m pytest -q -ra -m vllm tests/vllm $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/kvscope bench --quick

@@ -181,3 +181,36 @@ def test_sampling_fields_and_structured_outputs_pass_through_the_proxy_to_vllm(p
     assert choice.choices[0].message.content in ("cats", "dogs")
     answer = client.responses.create(model=model, input="Say hello.", max_output_tokens=8, temperature=0)
     assert answer.output_text and answer.usage.output_tokens <= 8
+
+
+LANGCHAIN_STRUCTURED = """
+import sys, typing
+import pydantic
+from langchain_openai import ChatOpenAI
+
+class Pet(pydantic.BaseModel):
+    ok: bool
+    pet: typing.Literal["cat", "dog"]
+
+chat = ChatOpenAI(base_url=sys.argv[1], api_key="unused", model=sys.argv[2], temperature=0, max_retries=0)
+print(chat.with_structured_output(Pet).invoke("Do you like a cat or a dog?").model_dump_json())
+"""
+
+
+def test_langchain_with_structured_output_through_the_proxy_to_vllm(proxy):
+    """LangChain's with_structured_output(Pydantic model), in its default setup, from the clients' own venv
+    (`make test-vllm` makes it, as `make test-clients` does): the proxy forwards the schema and vLLM holds it."""
+    import os
+    import subprocess
+
+    python = os.environ.get("KVSCOPE_CLIENTS_PYTHON")
+    if not python or not os.path.exists(python):
+        pytest.skip("KVSCOPE_CLIENTS_PYTHON names no clients venv's python (make test-vllm sets it)")
+    with urllib.request.urlopen(proxy.url + "/v1/models", timeout=10) as r:
+        model = json.load(r)["data"][0]["id"]
+    run = subprocess.run(
+        [python, "-c", LANGCHAIN_STRUCTURED, proxy.url + "/v1", model], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert isinstance(answer["ok"], bool) and answer["pet"] in ("cat", "dog"), answer
