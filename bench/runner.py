@@ -1,6 +1,6 @@
 """`kvscope bench`'s command line, and the run of its default benchmark, the grid (grid.py): open the target,
 fit prompts, measure, assemble the report that grid_report.py prints and writes as JSON passing grid.SCHEMA;
-`--dtypes`/`--anchor`, `--batch-invariant`, and `--batching`/`--class` hand the run to their own modules."""
+`--dtypes`/`--anchor`, `--batch-invariant`, `--structured`, and `--batching`/`--class` hand the run to their own modules."""
 
 from __future__ import annotations
 
@@ -138,6 +138,14 @@ def add_parser(subparsers) -> None:
         "--concurrency clients (default 8), --output-lens tokens (default 32), default mode then the mode "
         "(bench/invariance.py)",
     )
+    b.add_argument(
+        "--structured",
+        action="store_true",
+        help="instead of the grid: what a structured-output mask costs a decode step, in one in-process run: the "
+        "same greedy requests plain and constrained (a JSON schema, a choice), interleaved, alone and at "
+        "--concurrency (default 4) clients, --repeats (default 3); the step ratio and xgrammar's compile times "
+        "(bench/structured.py)",
+    )
     b.set_defaults(func=run_bench)
 
 
@@ -191,6 +199,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from .invariance import run_invariance
 
         return run_invariance(args)
+    if getattr(args, "structured", False):
+        from .structured import run_structured
+
+        return run_structured(args)
     if getattr(args, "batching", False) or getattr(args, "class_scenario", False):
         from .batching import run_batching
 
