@@ -1,8 +1,9 @@
 """`POST /v1/responses` for text, as vLLM serves it: `input` (a string or message items), `instructions`
-(a system turn first), `max_output_tokens`, the sampling fields the chat endpoint takes, and `stream`
-with the Responses event sequence (response.created, response.in_progress, output_item.added,
-content_part.added, output_text.delta…, output_text.done, content_part.done, output_item.done,
-response.completed). Nothing is stored, so `previous_response_id` and the tool and reasoning fields are
+(a system turn first), `max_output_tokens`, the sampling fields in KNOWN_FIELDS (fewer than the chat
+endpoint's: min_p, the frequency and presence penalties and min_tokens are refused), `text.format` and
+`structured_outputs` (app/openai/structured.py), and `stream` with the Responses event sequence
+(response.created, response.in_progress, output_item.added, content_part.added, output_text.delta…,
+output_text.done, content_part.done, output_item.done, response.completed). Nothing is stored, so `previous_response_id` and the tool and reasoning fields are
 refused by name in OpenAI's error shape; the route joins the /v1 blueprint (app/openai/routes.py), so
 the API key, origin check and error shape are the chat endpoint's."""
 
@@ -177,7 +178,9 @@ def parse_responses(body: Any, ids: list[str], model: Any) -> ResponsesCall:
 def usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        # cache_write_tokens: the SDK requires it; kvscope does not count prompt tokens written to its
+        # prefix cache (vLLM does), so it is 0, not a measurement.
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,

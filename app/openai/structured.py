@@ -14,10 +14,10 @@ from model_runner.protocol.fields import json_repr
 
 FIELDS = ("response_format", "structured_outputs")  # the request fields read here (chat and completions)
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
-# vLLM's tuning switches: accepted at the values that change nothing here.
+# vLLM 0.32's tuning switches: accepted at the values that change nothing here. (The old guided
+# decoding's `disable_fallback` is not one of them: it is an unknown field, refused by name.)
 STRUCTURED_NEUTRAL = {
-    "disable_fallback": (None, False, True),
-    "disable_any_whitespace": (None, False, True),  # answers are compact JSON either way
+    "disable_any_whitespace": (None, False, True),  # answers use xgrammar's ", " and ": " either way
     "disable_additional_properties": (None, False),
     "whitespace_pattern": (None,),
 }

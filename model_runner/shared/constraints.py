@@ -74,7 +74,8 @@ class Compiler:
         if kind == "json_object":  # vLLM's: any object (xgrammar's builtin JSON grammar takes any value)
             return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "json_schema":
-            # Compact JSON (vLLM's disable_any_whitespace): a small model given free whitespace can
+            # No free whitespace, with xgrammar's default separators ", " and ": " (vLLM's server-wide
+            # disable_any_whitespace would pass "," and ":"): a small model given free whitespace can
             # spend its whole budget on newlines, and the answer would never close.
             return c.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
         if kind == "regex":

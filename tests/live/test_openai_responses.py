@@ -52,6 +52,7 @@ def test_a_string_input_is_one_user_turn_answered_as_chat_answers_it(fake_server
     assert reply.usage.input_tokens == usage.prompt_tokens
     assert reply.usage.output_tokens == usage.completion_tokens
     assert reply.usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert reply.usage.input_tokens_details.cache_write_tokens == 0  # required by the SDK; kvscope counts none
     assert reply.instructions == SYSTEM and reply.model == "fake"
 
 

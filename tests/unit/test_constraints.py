@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from model_runner.protocol.constraint import Constraint
+from model_runner.protocol.constraint import Constraint, make_constraint
 from model_runner.protocol.errors import UserError
 from model_runner.shared.constraints import Guide, allowed_tokens, compiled
 from model_runner.text.tokenizer import ByteTokenizer
@@ -116,6 +116,44 @@ def test_random_draws_under_json_object_parse_as_an_object(seed):
 def test_allowed_tokens_unpacks_bit_j_of_word_w_as_token_32w_plus_j():
     mask = torch.tensor([-(2**31) | 1, 1 << 2], dtype=torch.int32)  # bits 0 and 31; bit 2
     assert allowed_tokens(mask, 40).nonzero().flatten().tolist() == [0, 31, 34]
+
+
+def accepts(g: Guide, text: str) -> bool:
+    """Whether the grammar takes `text` whole and may end there (an end token is taken only then)."""
+    return g.matcher.accept_string(text) and g.matcher.accept_token(min(TOK.eos_ids))
+
+
+def test_a_schema_s_answer_keeps_its_properties_in_the_order_the_client_listed_them():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    schema["required"] = ["name", "age"]
+    spec = make_constraint("json_schema", schema, "response_format.json_schema.schema").spec
+    assert list(json.loads(spec)["properties"]) == ["name", "age"]
+    assert accepts(guide("json_schema", spec), '{"name": "a", "age": 1}')
+    assert not accepts(guide("json_schema", spec), '{"age": 1, "name": "a"}')
+
+
+@pytest.mark.parametrize(
+    "schema, words",
+    [
+        ({"allOf": [{"type": "string"}, {"enum": ["yes", "no"]}]}, "allOf with more than one schema at its root"),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems at its root"),
+        (
+            {"type": "object", "properties": {"code": {"type": "string", "pattern": "a+", "maxLength": 3}}},
+            "pattern beside minLength/maxLength at /properties/code",
+        ),
+        ({"$defs": {"tags": {"type": "array", "uniqueItems": True}}}, "uniqueItems at /$defs/tags"),
+    ],
+)
+def test_keywords_xgrammar_would_ignore_are_refused_naming_the_field(schema, words):
+    with pytest.raises(UserError) as caught:
+        make_constraint("json_schema", schema, "response_format.json_schema.schema")
+    assert caught.value.field == "response_format.json_schema.schema" and words in caught.value.message
+
+
+def test_keywords_xgrammar_enforces_and_property_names_like_keywords_are_taken():
+    schema = {"type": "object", "properties": {"pattern": {"type": "string", "maxLength": 3}}}
+    schema["$defs"] = {"one": {"allOf": [{"type": "string"}]}, "list": {"type": "array", "uniqueItems": False}}
+    assert json.loads(make_constraint("json_schema", schema, "f").spec) == schema
 
 
 @pytest.mark.parametrize(

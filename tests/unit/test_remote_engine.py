@@ -400,6 +400,20 @@ def test_a_constraint_is_forwarded_as_vllm_takes_it(engine, remote, kind, spec, 
     assert {k: remote.bodies[-1][k] for k in sent} == sent
 
 
+def test_a_json_schema_is_forwarded_in_the_key_order_the_client_sent(engine, remote):
+    from app import create_app
+
+    client = create_app({"TESTING": True, "ENGINE": engine}).test_client()
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    schema["required"] = ["name", "age"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt, "stream": True}
+    # As text: the test client's json= would sort the keys itself (Flask's JSON provider does).
+    client.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json").get_data()
+    sent = remote.bodies[-1]["response_format"]["json_schema"]["schema"]
+    assert json.dumps(sent) == json.dumps(schema)  # the same text, keys in the same order
+
+
 def test_through_the_api_a_remote_answers_what_it_takes_and_its_400_names_the_field(engine, remote):
     from app import create_app
 

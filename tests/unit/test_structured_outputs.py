@@ -124,6 +124,7 @@ def test_a_grammar_and_a_json_schema_in_structured_outputs(client):
             "structured_outputs",
         ),
         (complete, {"structured_outputs": {"regex": "a"}, "ignore_eos": True}, "ignore_eos"),
+        (chat, {"structured_outputs": {"regex": "a", "disable_fallback": True}}, "structured_outputs.disable_fallback"),
     ],
 )
 def test_a_constraint_it_cannot_run_is_a_400_naming_the_field(client, call, fields, param):
