@@ -132,17 +132,14 @@ def mask_figures() -> dict[str, str]:
         "compiler": f"{compile_ms['compiler_ms']:.0f}",
         "c_schema": f"{compile_ms['json_schema']:.2f}",
         "c_choice": f"{compile_ms['choice']:.2f}",
-        "lone_lo": f"{lone_schema['ratio']['min']:.2f}",
-        "lone_hi": f"{lone_schema['ratio']['max']:.2f}",
     }
 
 
 def test_the_mask_cost_sections_reading_of_the_ranges_is_the_runs():
-    """Only the lone schema case ran slower constrained in every repeat; the other ranges straddle 1."""
+    """Every case's constrained / plain range straddles 1, as the page says; every constrained answer parsed."""
     run = json.loads((ROOT / "docs/bench/structured-mask.json").read_text(encoding="utf-8"))
-    above = [(r["case"], r["clients"]) for r in run["cases"] if r["ratio"]["min"] > 1]
-    assert above == [("json_schema", 1)]
-    assert all(r["ratio"]["min"] < 1 < r["ratio"]["max"] for r in run["cases"] if r["ratio"]["min"] <= 1)
+    assert all(r["ratio"]["min"] < 1 < r["ratio"]["max"] for r in run["cases"])
+    assert "Every case's range straddles 1" in DOC
     assert all(a["parsed"] == a["answers"] for a in run["answers"].values())
 
 
@@ -177,7 +174,6 @@ QUOTED = [
     "over the schema's {mask_steps} steps: **{share}** of the lone plain step",
     "took **{compiler} ms**; the schema then compiled in **{c_schema} ms** and the\nchoice in **{c_choice} ms**. "
     "{parsed} of {answers} constrained answers parsed",
-    "in every repeat ({lone_lo} to {lone_hi})",
 ]
 
 
