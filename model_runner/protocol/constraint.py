@@ -72,44 +72,8 @@ def _schema_text(schema: Any, field: str) -> str:
             raise UserError(f"`{field}` is not valid JSON: {exc}", field=field) from None
     if not isinstance(schema, (dict, bool)):
         raise UserError(f"`{field}` must be a JSON schema object, got {json_repr(schema)}", field=field)
-    _refuse_unenforced(schema, field, "")
     # No sort_keys: the order of `properties` is the order of the answer's keys.
     return json.dumps(schema, ensure_ascii=False)
-
-
-# Sub-schemas, by how a keyword holds them: a map of names to schemas, a list of schemas, or one schema.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONES = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
-
-
-def _refuse_unenforced(schema: Any, field: str, path: str) -> None:
-    """xgrammar 0.2.8 accepts these keywords but ignores them (it only logs a warning), so an answer
-    could break them: refused, where vLLM's default "auto" backend would hand the schema to guidance."""
-    if not isinstance(schema, dict):
-        return
-    unenforced = None
-    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
-        unenforced = "allOf with more than one schema"
-    elif schema.get("uniqueItems") is True:
-        unenforced = "uniqueItems"
-    elif "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
-        unenforced = "pattern beside minLength/maxLength"
-    if unenforced:
-        raise UserError(
-            f"`{field}` uses {unenforced} at {path or 'its root'}, which xgrammar would accept but not enforce",
-            field=field,
-        )
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                _refuse_unenforced(sub, field, f"{path}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                _refuse_unenforced(sub, field, f"{path}/{key}/{i}")
-    for key in _SCHEMA_ONES:
-        _refuse_unenforced(schema.get(key), field, f"{path}/{key}")
 
 
 def from_wire(raw: Any) -> Constraint | None:

@@ -5,8 +5,8 @@ request's logits before sampling (a forbidden token's logit becomes -inf, so it 
 nothing is re-sampled), says what the mask allowed, and advances the matcher by the chosen token.
 
 Contract: `compiled(constraint, tokenizer, vocab_size)` raises UserError naming the constraint's
-field when xgrammar refuses it; a Guide's `apply` must be followed by `accept` of the chosen token.
-xgrammar is imported on first use, so a server that never constrains never loads it."""
+field when xgrammar refuses it or the schema uses a keyword xgrammar would not enforce; a Guide's
+`apply` must be followed by `accept` of the chosen token. xgrammar is imported on first use, so a server that never constrains never loads it."""
 
 from __future__ import annotations
 
@@ -62,8 +62,12 @@ class Compiler:
 
     def compile(self, constraint: Constraint):
         try:
+            if constraint.kind == "json_schema":
+                _refuse_unenforced(json.loads(constraint.spec), constraint.field, "")
             return self._compile(constraint)
-        except (RuntimeError, ValueError) as exc:
+        except UserError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # xgrammar's refusals, and a spec that is not JSON
             reason = _STAMP.sub("", str(exc)).strip().splitlines()[0][:300]
             raise UserError(
                 f"`{constraint.field}` cannot be compiled into a grammar: {reason}", field=constraint.field
@@ -83,6 +87,42 @@ class Compiler:
         if kind == "choice":
             return c.compile_grammar(choice_grammar(json.loads(spec)))
         return c.compile_grammar(spec)
+
+
+# Sub-schemas, by how a keyword holds them: a map of names to schemas, a list of schemas, or one schema.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+
+
+def _refuse_unenforced(schema: Any, field: str, path: str) -> None:
+    """xgrammar 0.2.8 accepts these keywords but ignores them (it only logs a warning), so an answer
+    could break them: refused, where vLLM's default "auto" backend would hand the schema to guidance
+    (a remote engine forwards the schema, and its server decides)."""
+    if not isinstance(schema, dict):
+        return
+    unenforced = None
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        unenforced = "allOf with more than one schema"
+    elif schema.get("uniqueItems") is True:
+        unenforced = "uniqueItems"
+    elif "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        unenforced = "pattern beside minLength/maxLength"
+    if unenforced:
+        raise UserError(
+            f"`{field}` uses {unenforced} at {path or 'its root'}, which xgrammar would accept but not enforce",
+            field=field,
+        )
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                _refuse_unenforced(sub, field, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                _refuse_unenforced(sub, field, f"{path}/{key}/{i}")
+    for key in _SCHEMA_ONES:
+        _refuse_unenforced(schema.get(key), field, f"{path}/{key}")
 
 
 def _bytes_or_empty(tokenizer, token_id: int) -> bytes:

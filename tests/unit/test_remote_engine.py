@@ -400,11 +400,13 @@ def test_a_constraint_is_forwarded_as_vllm_takes_it(engine, remote, kind, spec, 
     assert {k: remote.bodies[-1][k] for k in sent} == sent
 
 
-def test_a_json_schema_is_forwarded_in_the_key_order_the_client_sent(engine, remote):
+def test_a_json_schema_is_forwarded_as_sent_in_its_key_order_and_its_keywords(engine, remote):
     from app import create_app
 
     client = create_app({"TESTING": True, "ENGINE": engine}).test_client()
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    # uniqueItems: the built-in engine refuses it (xgrammar would not enforce it); the server decides here.
+    schema["properties"]["tags"] = {"type": "array", "uniqueItems": True}
     schema["required"] = ["name", "age"]
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
     body = {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt, "stream": True}

@@ -116,6 +116,7 @@ def test_a_grammar_and_a_json_schema_in_structured_outputs(client):
         ),
         (complete, {"structured_outputs": {"regex": "(["}}, "structured_outputs.regex"),
         (chat, {"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs.grammar"),
+        (chat, {"structured_outputs": {"json": {"type": "array", "uniqueItems": True}}}, "structured_outputs.json"),
         (chat, {"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
         (chat, {"response_format": {"type": "yaml"}}, "response_format.type"),
         (
