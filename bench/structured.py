@@ -71,7 +71,7 @@ def request(question: str, case: str | None, tokens: int):
 
 
 def run_phase(engine: Engine, questions: list[str], case: str | None, lengths: list[int]) -> dict[str, Any]:
-    """The questions all at once: the median decode step (token events after the first) and each answer."""
+    """The questions all at once: the median decode step (the gaps between token events) and each answer."""
     with engine.admissions_held():
         handles = [engine.submit(request(q, case, n), label="bench-structured") for q, n in zip(questions, lengths)]
     ends, steps = [], []
@@ -80,7 +80,9 @@ def run_phase(engine: Engine, questions: list[str], case: str | None, lengths: l
         if events[-1]["type"] != "finished":
             raise RuntimeError(f"a bench request ended with {events[-1]['type']}: {events[-1]}")
         ends.append(events[-1])
-        steps += [e["step_ms"] for e in events if e["type"] == "token" and e["index"] > 0]
+        # The gaps between its token events: the whole step (forward, mask, sampling, events); a token event's
+        # own step_ms is the forward alone, which the mask is not part of.
+        steps += events[-1]["metrics"]["itl_ms"]
     return {"step_ms": statistics.median(steps), "steps": len(steps), "ends": ends}
 
 
@@ -198,7 +200,9 @@ def run_structured(args: argparse.Namespace) -> int:
         "notes": [
             "each plain request generates exactly the tokens its constrained twin took in the pilot (ignore_eos), "
             "so both phases run the same steps at the same batch sizes",
-            "step_ms is the engine's own decode step as each token event carries it, pooled over the phase's requests",
+            "a step is the gap between a request's consecutive token events (the finished event's itl_ms: forward, "
+            "mask, sampling and events), pooled over the phase's requests; a token event's step_ms is the forward "
+            "alone",
             "totals count the measured phases' requests; the warm-up and the pilot ran before them",
         ],
     }  # fmt: skip
