@@ -520,9 +520,10 @@ def test_the_chunked_price_counts_slow_gaps_in_both_runs_by_one_threshold(page, 
     runs = SERVING["experiments"]["chunked_prefill"]["result"]["runs"]
     threshold = 1.5 * statistics.median(runs["off"]["gaps_ms"][0])
     off, on = (sum(g > threshold for g in runs[m]["gaps_ms"][0]) for m in ("off", "on"))
+    sentence = f"the unchunked run had {off}, its stall among them, and the chunked run {on}"
+    expect(page.locator("#serving-chunked")).to_contain_text(sentence)  # drawn once the serving data is in
     text = serving_step(page, "chunked")
     assert "The one long stall became" not in text
-    assert f"the unchunked run had {off}, its stall among them, and the chunked run {on}" in text
     # the two runs' kernels are said: chunks beside decodes on int4, the whole prompt on float32
     assert "compares two kernels as well as two schedules" in text
 
