@@ -14,17 +14,9 @@ pytest_plugins = ["pytester"]
 # The shape of the fixture-order defect found on an AMD EPYC: the module's reference run is set up before the
 # function-scoped fixture that changes the thread count, so the reference and the subject ran on different
 # thread counts; on a CPU where both give the same bits the comparison passed anyway.
-OLD_FIXTURE_ORDER = """
+# A module-scoped reference run and a test that compares a fresh result with it bit for bit.
+ONE_CONFIGURATION = """
     import pytest, torch
-
-    @pytest.fixture
-    def one_torch_thread():
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        yield
-        torch.set_num_threads(threads)
-
-    pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
     @pytest.fixture(scope="module")
     def reference():
@@ -37,19 +29,19 @@ OLD_FIXTURE_ORDER = """
         assert torch.equal(a @ a, want)  # equal bits on many CPUs: only the guard can tell
 """
 
-ONE_CONFIGURATION = """
-    import pytest, torch
+OLD_FIXTURE_ORDER = (
+    ONE_CONFIGURATION
+    + """
+    @pytest.fixture
+    def one_torch_thread():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(threads)
 
-    @pytest.fixture(scope="module")
-    def reference():
-        torch.manual_seed(0)
-        a = torch.randn(64, 64)
-        return a, a @ a
-
-    def test_the_subject_matches_the_reference(reference):
-        a, want = reference
-        assert torch.equal(a @ a, want)
+    pytestmark = pytest.mark.usefixtures("one_torch_thread")
 """
+)
 
 
 LEAKS = """
