@@ -141,6 +141,22 @@ def _projections(layer) -> list:
     return [m for m in layer.modules() if isinstance(m, (nn.Linear, *QUANTIZED))]
 
 
+def _step_calls(projections: list, x) -> list[tuple]:
+    """A layer's projections as the step calls them: [(function, input width)], one joined call a sibling group
+    that joins at these rows (loading/quantize.py Int4Siblings.joined: not on the float weights a prompt takes),
+    else each module's own forward."""
+    calls, seen = [], set()
+    for module in projections:
+        siblings = getattr(module, "siblings", None)
+        if siblings is not None and siblings.joins(x.reshape(-1, x.shape[-1])):
+            if id(siblings) not in seen:
+                seen.add(id(siblings))
+                calls.append((siblings.joined, module.in_features))
+            continue
+        calls.append((module.forward, module.in_features))
+    return calls
+
+
 def kernel_name(route: str, rows: int, decode: bool, float_prefill: bool) -> str:
     """The kernel a call of `rows` rows runs on this route, in words (quantize.py's rule: only a route that keeps
     float32 copies for prompts, `float_prefill`, runs a prompt's FLOAT_ROWS rows or more on them; int8, and
@@ -176,13 +192,19 @@ class Kernels:
         return torch.randn(1, rows, width, device=self.device, dtype=self.dtype)
 
     def _layer_call(self, rows: int, layers: list | None = None):
-        # one tensor a width: siblings (q, k, v; gate, up) share one call on the same input, as in the model
+        # one tensor a width; each layer's calls as the native step makes them (local/model/native.py project):
+        # int4 siblings (q, k, v; gate, up) in their one joined call, every other projection by its own forward,
+        # with no module call around them: the floor is the kernels', not the framework's per-module dispatch
         inputs = {m.in_features: self._x(rows, m.in_features) for m in self.projections}
+        calls = [
+            (call, inputs[width])
+            for projections in layers or self.every_layer
+            for call, width in _step_calls(projections, inputs[self.projections[0].in_features])
+        ]
 
         def run():
-            for projections in layers or self.every_layer:
-                for module in projections:
-                    module(inputs[module.in_features])
+            for call, x in calls:
+                call(x)
 
         return run
 

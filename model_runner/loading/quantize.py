@@ -174,9 +174,13 @@ class Int4Siblings:
         int4 call their forwards share, bit for bit (the native step, local/model/native.py, takes it whole). None
         where the forwards would not make that call: a prompt's rows on the float weights, or biases to add."""
         flat = _rows(x, x.shape[-1])
-        if self.biased or on_float_weights(self.layers[0], flat):
+        if not self.joins(flat):
             return None
         return _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
+
+    def joins(self, flat: torch.Tensor) -> bool:
+        """Whether `joined` makes its one call for these rows [rows, in] (not biased, not a prompt's float rows)."""
+        return not self.biased and not on_float_weights(self.layers[0], flat)
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Sibling `index`'s output for x as [rows, its out_features], computed with its siblings' on the first

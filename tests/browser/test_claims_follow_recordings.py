@@ -16,7 +16,7 @@ from js_format import fixed, fmt_ms
 from playwright.sync_api import expect
 from test_provenance import KINDS, STRUCTURAL, WALK
 
-from serving_experiments.evidence import floor_problems
+from serving_experiments.evidence import CARRIED, floor_problems, point_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = json.loads((ROOT / "static/data/trace-example.json").read_text(encoding="utf-8"))
@@ -71,6 +71,20 @@ def point(phase: str) -> dict:
     return min(pts, key=lambda p: p.get("batch", 0))
 
 
+def evidence_of(p: dict, roof: dict = ROOF) -> str:
+    """A roofline point's evidence as the page judges it (serving_experiments/evidence.py, its JS twin's rule)."""
+    steps = {q["batch"]: q["steps_measured"] for q in SERVING["experiments"]["why_batch"]["result"]["points"]}
+    own = {"steps_measured": steps.get(p.get("batch")) if p["phase"] == "decode" else None, **p}
+    return point_evidence(own, not floor_problems(roof["points"]), False)
+
+
+def failing_floors(experiments) -> None:
+    """The shipped recording with its 1-row floor above the 2-row one: floors that fail their check."""
+    pts = experiments["why_batch"]["result"]["roofline"]["points"]
+    one, two = (next(p for p in pts if p.get("batch") == b) for b in (1, 2))
+    one["kernel_ms"] = min(two["kernel_ms"] * 1.2, one["step_ms"] * 0.99)
+
+
 # ---- 1. the claims the page's own data contradicted ---------------------------------------------
 
 
@@ -103,9 +117,9 @@ def test_prefill_sentence_judges_the_prompt_against_its_own_kernels(page, fake_s
         f"took {fmt_ms(pre['kernel_ms'])} of its {fmt_ms(pre['step_ms'])}, {pct(pre['kernel_ms'] / pre['step_ms'])} of it"
         in text
     )
-    # the shipped roofline's floors fail their own check (tests/unit/test_evidence.py): no verdict is said
-    assert pre["verdict"] not in text and pre["kernels"] in text
-    assert "the roofline's verdict is none drawn: this recording's floors fail their own check" in text
+    # the verdict is said only where the evidence carries it (shared/evidence.js)
+    assert pre["kernels"] in text
+    assert (f"the roofline's verdict is {pre['verdict']}" in text) == (evidence_of(pre) == CARRIED)
     assert console_errors == []
 
 
@@ -113,11 +127,12 @@ def test_decode_sentences_follow_what_holds_the_step_back(page, fake_server):
     open_page(page, fake_server)
     dec = point("decode")
     text = step(page, "decode")
-    assert f"took {fmt_ms(dec['kernel_ms'])} of its {fmt_ms(dec['step_ms'])} step" in text
+    assert f"a batch-one decode step took {fmt_ms(dec['step_ms'])}" in text
+    assert f"took {fmt_ms(dec['kernel_ms'])} of it ({pct(dec['kernel_ms'] / dec['step_ms'])})" in text
     assert f"would take {fmt_ms(dec['memory_ms'])} at the copy bandwidth" in text
     # each sentence stands on its condition, computed from the recorded point
-    # (and only where the evidence carries a verdict: the shipped floors fail their check, so none is said)
-    carried = not floor_problems(ROOF["points"])
+    # (and only where the evidence carries a verdict: floors that pass, enough steps, fastest and median agreeing)
+    carried = evidence_of(dec) == CARRIED
     quantized = ROOF["route"] in ("int4", "int8")
     arithmetic = carried and (
         quantized and dec["kernel_ms"] > dec["memory_ms"] and dec["kernel_bandwidth_share"] < ROOF["held_by_roof"]
@@ -127,7 +142,7 @@ def test_decode_sentences_follow_what_holds_the_step_back(page, fake_server):
     )
     assert ("memory does not set the pace" in text) == arithmetic
     assert ("software overhead" in text) == (carried and dec["held_by"] == "overhead")
-    assert ("none drawn: this recording's floors fail their own check" in text) == (not carried)
+    assert ("the roofline's verdict: none drawn" in text) == (not carried)
     assert ("indeed bound by memory bandwidth" in text) == memory
     if arithmetic:
         assert f"at {pct(dec['kernel_bandwidth_share'])} of the copy bandwidth" in text
@@ -188,8 +203,8 @@ def test_every_roofline_point_is_drawn_under_its_own_ceiling_where_the_floors_pa
 
 
 def test_no_ceiling_is_drawn_from_floors_that_fail_their_check(page, fake_server):
-    assert floor_problems(ROOF["points"])  # the shipped floors fail (tests/unit/test_evidence.py)
-    open_page(page, fake_server, "#serving-why-batch")
+    assert not floor_problems(ROOF["points"])  # the shipped floors pass (tests/unit/test_evidence.py): a variant fails
+    open_page(page, fake_server, "#serving-why-batch", serving_text=variant(failing_floors))
     panel = page.locator('.sv-panel[data-panel="why-batch"]')
     expect(panel.locator(".sv-roofline .sv-rpoint")).to_have_count(len(ROOF["points"]))
     expect(panel.locator(".sv-ceiling")).to_have_count(0)
@@ -279,8 +294,10 @@ def test_the_serving_steps_relate_figures_from_their_recordings(page, fake_serve
     wb = SERVING["experiments"]["why_batch"]["result"]["points"]
     text = serving_step(page, "why-batch")
     assert f"the fastest step grew ×{fixed(wb[-1]['step_ms'] / wb[0]['step_ms'], 1)}" in text
-    rising = all(b["aggregate_tps"] > a["aggregate_tps"] * 1.05 for a, b in zip(wb, wb[1:]))
-    assert ("every step up in batch still paid here" in text) == rising
+    fast = all(b["aggregate_tps"] > a["aggregate_tps"] * 1.05 for a, b in zip(wb, wb[1:]))
+    median = [p["batch"] / p["step_ms_median"] for p in wb]
+    mid = all(b > a * 1.05 for a, b in zip(median, median[1:]))
+    assert ("every step up in batch still paid here" in text) == (fast and mid)
     # the shipped medians disagree with the fastest steps at batch 16 (tests/unit/test_evidence.py): mixed
     assert "whether a bigger batch stopped paying, the evidence is mixed" in text
     assert "where a bigger batch stopped paying" not in text
@@ -297,6 +314,8 @@ def test_a_contradicting_recording_changes_the_serving_sentences(page, fake_serv
             )
         pts = experiments["why_batch"]["result"]["points"]
         pts[-1]["aggregate_tps"] = pts[-2]["aggregate_tps"]  # batch 16 no longer pays, by its fastest step
+        pts[-1]["step_ms"] = pts[-1]["batch"] * 1000 / pts[-1]["aggregate_tps"]
+        pts[-1]["per_user_tps"] = pts[-1]["aggregate_tps"] / pts[-1]["batch"]
         for p in pts:
             p["step_ms_median"] = p["step_ms"]  # nor by its median: the two statistics agree
 
@@ -487,13 +506,15 @@ def test_every_number_of_the_shipped_serving_recording_is_labelled(page, fake_se
 # ---- 6. a verdict needs its evidence ---------------------------------------------------------------
 
 
-def test_the_shipped_roofline_draws_no_verdict_its_floors_cannot_carry(page, fake_server):
-    """The shipped recording's 2-row floor is below its 1-row floor: the page says so, and prints neither a
-    point's verdict nor a figure drawn from those floors (a step's share outside them, the larger floor's share,
-    the kernels' share of the copy bandwidth)."""
-    open_page(page, fake_server, "#serving-why-batch")
+def test_a_roofline_draws_no_verdict_its_floors_cannot_carry(page, fake_server):
+    """A recording whose 2-row floor is below its 1-row floor (the shipped one with that floor raised): the page
+    says so, and prints neither a point's verdict nor a figure drawn from those floors (a step's share outside
+    them, the larger floor's share, the kernels' share of the copy bandwidth)."""
+    edited = json.loads(variant(failing_floors))
+    roof = edited["experiments"]["why_batch"]["result"]["roofline"]
+    open_page(page, fake_server, "#serving-why-batch", serving_text=json.dumps(edited))
     text = serving_step(page, "why-batch")
-    decodes = sorted((p for p in ROOF["points"] if p["phase"] == "decode"), key=lambda p: p["batch"])
+    decodes = sorted((p for p in roof["points"] if p["phase"] == "decode"), key=lambda p: p["batch"])
     one, two, top = decodes[0], decodes[1], decodes[-1]
     assert "the floors fail their own check (" in text
     assert "so they bound nothing here: no verdict on what holds these steps back is drawn from them" in text
@@ -507,11 +528,11 @@ def test_the_shipped_roofline_draws_no_verdict_its_floors_cannot_carry(page, fak
     assert "arithmetic holds it back" not in text and "not memory or overhead" not in text
     panel = page.locator('.sv-panel[data-panel="why-batch"]')
     expect(panel.locator(".sv-floor-check")).to_contain_text("These floors fail their own check")
-    expect(panel.locator(".sv-verdicts .sv-not-carried")).to_have_count(len(ROOF["points"]))
+    expect(panel.locator(".sv-verdicts .sv-not-carried")).to_have_count(len(roof["points"]))
     expect(panel.locator(".sv-verdicts .sv-verdict.sv-num")).to_have_count(0)
     expect(panel.locator(".sv-verdicts .sv-kernel-bw")).to_have_count(0)
-    floored = [p for p in ROOF["points"] if p.get("kernel_ms") is not None]
-    expect(panel.locator(".sv-verdicts .sv-share")).to_have_count(len(ROOF["points"]) - len(floored))
+    floored = [p for p in roof["points"] if p.get("kernel_ms") is not None]
+    expect(panel.locator(".sv-verdicts .sv-share")).to_have_count(len(roof["points"]) - len(floored))
     assert "read their weights at" not in panel.locator(".sv-verdicts").inner_text()
 
 

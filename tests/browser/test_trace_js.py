@@ -328,6 +328,22 @@ def test_a_decode_sentence_needs_its_evidence(js):
     assert above[0] is False and "floors fail their own check" in above[1]  # a floor above its step
 
 
+def test_floors_that_fail_their_check_give_no_share_of_a_step(js):
+    """A floor above its step bounds nothing: the kernels' "took X of its Y" sentences give way to the one that
+    says the floors failed, for prefill and decode alike; consistent floors show them."""
+    got = js(
+        ROOF_BODY
+        + """
+      const hidden = (d) => context.contextFacts(trace.deriveRun(T), roofServing(d)).hidden
+        .filter((name) => /kernels|no-floors/.test(name)).sort();
+      return [hidden({}), hidden({ kernel_ms: 11 })];"""
+    )
+    assert got == [
+        ["roof-decode-no-floors", "roof-prefill-no-floors"],
+        ["roof-decode-kernels", "roof-prefill-kernels"],
+    ]
+
+
 def test_the_prefill_share_is_its_kernels_share_of_the_step(js):
     # bytes (80 ms) longer than the kernels (60 ms): "took 60 ms of its 100 ms, 60 % of it", not 80 %
     got = js(

@@ -48,44 +48,41 @@ def rooflines(trace: dict) -> dict[str, dict]:
     }
 
 
-# The floor problems each shipped roofline has. The one shipped roofline was recorded before the check: its
-# 2-row floor is below its 1-row floor, so none of its verdicts is carried (the page says so:
-# tests/browser/test_claims_follow_recordings.py); a re-recording must pass, or the recorder refuses it.
-KNOWN = {"serving-trace.json": {"why_batch": [["falls", "decode", 2, 1]]}, "invariance-trace.json": {}}
-
-
 @pytest.mark.parametrize("file", SHIPPED)
-def test_every_shipped_roofline_is_checked_and_the_failing_one_is_known(file):
-    found = {name: as_rows(evidence.floor_problems(roof["points"])) for name, roof in rooflines(SHIPPED[file]).items()}
-    assert found == KNOWN[file]
+def test_every_shipped_roofline_passes_its_check(file):
+    """The recorder refuses a recording whose floors fail (below): every shipped roofline passes, so its
+    points' verdicts are decided by their own evidence (steps, fastest against median), not by the floors."""
     for name, roof in rooflines(SHIPPED[file]).items():
-        consistent = not found[name]
-        assert {evidence.point_evidence(p, consistent) for p in roof["points"]} == {evidence.FLOORS}
+        assert evidence.floor_problems(roof["points"]) == [], name
+        assert evidence.FLOORS not in {evidence.point_evidence(p, True) for p in roof["points"]}
 
 
-def test_the_shipped_why_batch_medians_and_fastest_steps_disagree_on_where_batching_stopped_paying():
-    """The figures the page's mixed sentence rests on (claims.js whyBatchClaim), recomputed here."""
+def test_the_shipped_why_batch_medians_and_fastest_steps_disagree_on_whether_batch_16_paid():
+    """The figures the page's mixed sentence rests on (claims.js whyBatchClaim), recomputed here: by the
+    fastest step batch 16 gave more than 5 % more than batch 8, by the median it did not."""
     points = SERVING["experiments"]["why_batch"]["result"]["points"]
     fastest = [p["batch"] * 1000 / p["step_ms"] for p in points]
     median = [p["batch"] * 1000 / p["step_ms_median"] for p in points]
-    assert fastest[-1] < fastest[-2]  # by the fastest step, batch 16 gave less than batch 8
-    assert median[-1] > median[-2] * 1.05  # by the median, it gave more than 5 % more
-    assert all(p["steps_measured"] < 7 for p in points)  # three steps each: the thin evidence the issue named
+    assert fastest[-1] > fastest[-2] * 1.05
+    assert median[-1] < median[-2] * 1.05
+    assert all(p["steps_measured"] >= 7 for p in points)  # 8 new tokens: 7 full-batch steps each
 
 
 def test_the_recorder_refuses_a_recording_whose_floors_fail(tmp_path, capsys):
+    trace = copy.deepcopy(SERVING)
+    points = trace["experiments"]["why_batch"]["result"]["roofline"]["points"]
+    one, two = (next(p for p in points if p.get("batch") == b) for b in (1, 2))
+    one["kernel_ms"] = two["kernel_ms"] * 1.5  # more rows, less work: the old recording's fault
     out = tmp_path / "serving-trace.json"
-    assert rec.write_checked(copy.deepcopy(SERVING), out) == 1
+    assert rec.write_checked(trace, out) == 1
     assert not out.exists()
-    assert (
-        "the floor of the decode at 2 rows (19.94 ms) is below the floor at 1 row (23.02 ms)" in capsys.readouterr().err
-    )
+    assert "the floor of the decode at 2 rows" in capsys.readouterr().err
 
 
 def test_the_recorder_writes_a_recording_whose_floors_hold(tmp_path):
     trace = copy.deepcopy(SERVING)
     points = trace["experiments"]["why_batch"]["result"]["roofline"]["points"]
-    next(p for p in points if p.get("batch") == 1)["kernel_ms"] = 19.0  # below batch 2's 19.94
+    next(p for p in points if p.get("batch") == 1)["kernel_ms"] *= 0.99  # still below batch 2's and its step
     out = tmp_path / "serving-trace.json"
     assert rec.write_checked(trace, out) == 0
     assert json.loads(out.read_text(encoding="utf-8")) == trace

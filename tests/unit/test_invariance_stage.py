@@ -20,6 +20,9 @@ from serving_experiments.registry import EXPERIMENTS
 ROOT = Path(__file__).resolve().parents[2]
 MATH = (ROOT / "static/js/serving/batch-invariance-math.js").as_uri()
 RECORDING = json.loads((ROOT / "static/data/invariance-trace.json").read_text(encoding="utf-8"))
+# A run in which one answer parted (request G, a near-tie): the 2026-12-01 recording, on transformers' forward,
+# kept as a fixture for the parting branch the shipped quiet run did not take.
+PARTED = json.loads((ROOT / "tests/data/invariance-parted.json").read_text(encoding="utf-8"))
 SERVING = json.loads((ROOT / "static/data/serving-trace.json").read_text(encoding="utf-8"))
 
 HARNESS = """
@@ -51,8 +54,8 @@ def claims(tmp_path: Path, recording: dict) -> list[str]:
 
 
 def with_runs(change) -> dict:
-    """The shipped recording with its runs changed by `change(result)`: a run that takes another branch."""
-    built = copy.deepcopy(RECORDING)
+    """The parted run with its runs changed by `change(result)`: a run that takes another branch."""
+    built = copy.deepcopy(PARTED)
     change(built["experiment"]["result"])
     return built
 
@@ -70,8 +73,22 @@ def test_the_shipped_recording_is_a_quiet_run_of_the_experiments_defaults():
     assert (result["requests"], result["new_tokens"]) == (params["requests"].default, params["new_tokens"].default)
 
 
+SHIPPED_SENTENCES = [
+    "In this run, on the default route, 8 of 8 answers came back from the batch as they were alone. Over the whole "
+    "answers, 234 of 234 tokens were chosen with a probability that was not the same float as alone: the sums "
+    "changed even where the choice held.",
+    "With the mode on, 8 of 8 answers were the lone ones, every token's probability the same to the last bit. "
+    "Its median step took ×3.38 the default's for a lone request (32.3 ms to 109 ms) and ×2.39 in the batch "
+    "(57.2 ms to 136 ms): the padding rows, the row-by-row attention and the separate prompt passes cost time.",
+]
+
+
 def test_the_stages_sentences_for_the_shipped_recording(tmp_path):
-    assert claims(tmp_path, RECORDING) == [
+    assert claims(tmp_path, RECORDING) == SHIPPED_SENTENCES
+
+
+def test_the_stages_sentences_for_a_run_where_an_answer_parted(tmp_path):
+    assert claims(tmp_path, PARTED) == [
         "In this run, on the default route, 7 of 8 answers came back from the batch as they were alone. Request G "
         "parted at token 27, where its two candidates were 0.0132 apart in logits alone and 0.0577 apart the other "
         "way in the batch: a near-tie (under 0.1 logits), tipped by a changed sum. The gap moved by 0.0709 logits, "
@@ -115,7 +132,7 @@ def test_with_no_parting_the_count_is_over_the_whole_answers(tmp_path):
 
 def test_no_size_of_the_difference_is_claimed(tmp_path):
     # only float equality is recorded, so the sentence says the float differed, never by how much
-    for recording in (RECORDING, with_runs(unparted)):
+    for recording in (RECORDING, PARTED, with_runs(unparted)):
         assert all("last bits" not in sentence for sentence in claims(tmp_path, recording))
 
 
@@ -189,9 +206,9 @@ def test_the_shipped_recording_is_what_the_recorder_copies_from_the_serving_reco
 
 
 def test_the_recorder_copies_only_a_run_whose_date_and_load_are_its_own():
-    body = RECORDING["experiment"]
+    body = PARTED["experiment"]
     first = {"machine": {**body["machine"], "load_1m": 0.5}}
-    trace = {"recorded_on": {**RECORDING["recorded_on"], "load_1m": 0.4}, "experiments": {"why_batch": first}}
+    trace = {"recorded_on": {**PARTED["recorded_on"], "load_1m": 0.4}, "experiments": {"why_batch": first}}
     trace["recorded_on"].pop("copied_from")
     last = {**trace, "experiments": {"why_batch": first, "batch_invariance": body}}
     copied = inv.copied_from_serving_trace(last, "x.json")

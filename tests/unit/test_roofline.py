@@ -172,21 +172,30 @@ def test_the_bench_kernel_rates_measure(route):
     assert got["flops"] == 2 * 64**3 and got["gflop_per_s"] > 0 and route in got["what"]
 
 
-def test_the_kernels_run_every_layer_once_a_call_as_the_step_does(int4):
+def test_the_kernels_run_every_layer_once_a_call_as_the_step_does(int4, monkeypatch):
+    """Each layer's projections as the native step calls them: a sibling group in its one joined int4 call,
+    every other projection by its own forward, every layer once, and no module call (a forward hook never
+    fires); a group joins only where its widths fill the kernel's blocks (quantize._joinable)."""
+    from model_runner.loading import quantize
+
     kernels = rl.Kernels(int4)
-    calls = []
-    hooks = [
-        m.register_forward_hook(lambda module, args, out, i=i: calls.append(i))
-        for i, layer in enumerate(kernels.every_layer)
-        for m in layer
-    ]
+    mm, hooked = [], []
+    real = quantize._int4_mm
+    monkeypatch.setattr(quantize, "_int4_mm", lambda *a: mm.append(a[0].shape) or real(*a))
+    hooks = [m.register_forward_hook(lambda *_: hooked.append(1)) for layer in kernels.every_layer for m in layer]
     try:
-        kernels._layer_call(4)()
+        run = kernels._layer_call(4)
+        mm.clear()  # the inputs' making is not the step
+        run()
     finally:
         for h in hooks:
             h.remove()
-    per_layer = len(kernels.projections)
-    assert calls == [i for i in range(kernels.layers) for _ in range(per_layer)]
+    groups = {id(g): g for layer in kernels.every_layer for m in layer if (g := getattr(m, "siblings", None))}
+    projections = sum(len(layer) for layer in kernels.every_layer)
+    # one call a projection, less one for each sibling past the first of a joined group
+    assert len(mm) == projections - sum(len(g.layers) - 1 for g in groups.values())
+    assert all(shape[0] == 4 for shape in mm)
+    assert hooked == []
 
 
 def test_the_kernels_thread_shares_the_engines_torch_threads():

@@ -171,6 +171,8 @@ export function roofFacts(serving) {
     decodeOverhead: decodeCarried && decode.held_by === 'overhead',
     // the bytes are the longer floor and fill at least half of the step: what the sentence says
     decodeMemory: decodeCarried && decode.memory_ms >= decode.kernel_ms && decode.memory_ms / decode.step_ms >= roof,
+    // floors that fail their check bound nothing: no share of a step is computed from them
+    floorsHold: evidence.consistent,
   };
 }
 
@@ -208,6 +210,8 @@ export function contextFacts(run, serving, recorded = null) {
       'decode-verdict': [roof.decodeVerdict, 'computed'],
     });
     if (roof.decodeDevice) facts['decode-device'] = [roof.decodeDevice, 'setting'];
+    if (roof.floorsHold) hidden.push('roof-prefill-no-floors', 'roof-decode-no-floors');
+    else hidden.push('roof-prefill-kernels', 'roof-decode-kernels');
     if (!roof.decodeArithmetic) hidden.push('roof-decode-arithmetic');
     if (!roof.decodeOverhead) hidden.push('roof-decode-overhead');
     if (!roof.decodeMemory) hidden.push('roof-decode-memory');
