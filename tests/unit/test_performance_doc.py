@@ -212,7 +212,7 @@ def test_the_recordings_machine_and_decoder_are_the_files_own():
         assert on["uptime"].startswith("20:") and "copied_from" not in on  # this evening's run, not a copy
         assert "edited_after_recording" not in on
     on = load("serving-trace.json")["recorded_on"]
-    assert on["date"].startswith("2026-12-02T20:29") and "**2026-12-02** from **20:29 UTC**" in DOC
+    assert on["date"].startswith("2026-12-02T20:29") and "ending at **20:29 UTC** (the serving recording)" in DOC
     assert f"**{on['load_1m']}**" in DOC and f"**{on['load_1m_end']}**" in DOC
 
 
