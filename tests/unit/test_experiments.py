@@ -335,7 +335,7 @@ def test_why_batch_marks_its_verdicts_not_carried_when_a_floor_is_above_its_step
     app, _ = fake_app
     monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
     # every kernel call "takes" a second: each floor is far above the fake model's steps
-    monkeypatch.setattr("serving_experiments.roofline.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1.0))
+    monkeypatch.setattr("serving_experiments.kernels.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1.0))
     roof = post(app, "why_batch", {"new_tokens": 3}).json["result"]["roofline"]
     assert not roof["floors_consistent"]
     assert len(roof["floor_problems"]) == len(roof["points"])
@@ -472,7 +472,7 @@ def test_why_batch_draws_no_verdict_on_a_machine_loaded_past_its_threads(fake_ap
 
     app, _ = fake_app
     monkeypatch.setattr("serving_experiments.roofline.ceilings", lambda device, dtype: (1e11, 1e10))
-    monkeypatch.setattr("serving_experiments.roofline.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1e-9))
+    monkeypatch.setattr("serving_experiments.kernels.Kernels.measure", lambda self, calls: dict.fromkeys(calls, 1e-9))
     monkeypatch.setattr(os, "getloadavg", lambda: (torch.get_num_threads() + 1.0, 0.0, 0.0))
     roof = post(app, "why_batch", {"new_tokens": 3}).json["result"]["roofline"]
     assert roof["floors_consistent"] and roof["load_1m"] > roof["threads"]

@@ -10,6 +10,7 @@ import pytest
 from formulas import cost
 from model_runner.loading import loader
 from model_runner.loading.model_shape import shape_of
+from serving_experiments import kernels as kernels_mod
 from serving_experiments import roofline as rl
 
 BANDWIDTH = 1e10
@@ -29,7 +30,7 @@ def fake_kernels(monkeypatch):
         seen.extend(calls)
         return {c: (1e-3 if c[0] == "layers" else 1e-4) for c in calls}
 
-    monkeypatch.setattr(rl.Kernels, "measure", measure)
+    monkeypatch.setattr(kernels_mod.Kernels, "measure", measure)
     monkeypatch.setattr(rl, "ceilings", lambda device, dtype: (1e11, BANDWIDTH))
     return seen
 
@@ -155,7 +156,7 @@ def test_an_int4_kernel_held_step_is_named_as_arithmetic_not_memory():
 
 
 def test_the_models_own_kernels_are_timed(int4):
-    kernels = rl.Kernels(int4)
+    kernels = kernels_mod.Kernels(int4)
     timed = kernels.measure([("layers", 4, True), ("head", 4, True), ("layers", 40, False)])
     assert kernels.layers == int4.model.config.num_hidden_layers
     assert all(s > 0 for s in timed.values())
@@ -178,7 +179,7 @@ def test_the_kernels_run_every_layer_once_a_call_as_the_step_does(int4, monkeypa
     fires); a group joins only where its widths fill the kernel's blocks (quantize._joinable)."""
     from model_runner.loading import quantize
 
-    kernels = rl.Kernels(int4)
+    kernels = kernels_mod.Kernels(int4)
     mm, hooked = [], []
     real = quantize._int4_mm
     monkeypatch.setattr(quantize, "_int4_mm", lambda *a: mm.append(a[0].shape) or real(*a))
