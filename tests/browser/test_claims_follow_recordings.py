@@ -63,6 +63,8 @@ def step(page, stage: str) -> str:
 
 
 def serving_step(page, stage: str) -> str:
+    """A serving stage's text once the recording is drawn into it (its sentences are computed after the load)."""
+    expect(page.locator(".sv-figure")).to_have_attribute("data-recording", "loaded")
     return page.locator(f"#serving-{stage}").inner_text()
 
 

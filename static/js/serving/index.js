@@ -289,6 +289,8 @@ async function loadRecorded() {
     say(`The recorded run could not be loaded (${err.message}).`);
   }
   drawAll();
+  // the step texts now say what the recording holds (tests and scripts wait on this, not on a delay)
+  ctx.dom.figure.dataset.recording = ctx.recorded ? 'loaded' : 'none';
   if (ctx.anchored) scrollToStep(ctx.dom.steps[ctx.index]);
 }
 
