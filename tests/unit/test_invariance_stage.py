@@ -191,20 +191,6 @@ def test_the_serving_recorder_leaves_experiments_recorded_apart_to_their_own_fil
         rec.names_to_record(["pricing", "batch_invariance"])
 
 
-@pytest.mark.skipif(
-    "batch_invariance" not in SERVING["experiments"], reason="the serving recording no longer holds the experiment"
-)
-def test_the_shipped_recording_is_what_the_recorder_copies_from_the_serving_recording():
-    copied = inv.copied_from_serving_trace(SERVING, "static/data/serving-trace.json")
-    # each file lists its own edits made after the recording; everything else is the copy's
-    own = {k: v for k, v in RECORDING["recorded_on"].items() if k != "edited_after_recording"}
-    assert "edited_after_recording" not in copied["recorded_on"] and copied["recorded_on"] == own
-    shipped, source = RECORDING["experiment"], copied["experiment"]
-    assert {k: v for k, v in source.items() if k != "machine"} == {k: v for k, v in shipped.items() if k != "machine"}
-    # a field added to the answers' machine since is not a different run (rerun --from-serving-trace to take it)
-    assert {k: source["machine"][k] for k in shipped["machine"]} == shipped["machine"]
-
-
 def test_the_recorder_copies_only_a_run_whose_date_and_load_are_its_own():
     body = PARTED["experiment"]
     first = {"machine": {**body["machine"], "load_1m": 0.5}}
