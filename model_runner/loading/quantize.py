@@ -124,7 +124,7 @@ class Int4Linear(nn.Module):
         if self.siblings is not None:
             y = self.siblings.output(x, self.sibling_index)
         else:
-            y = _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
+            y = int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -139,10 +139,21 @@ def on_float_weights(layer: Int4Linear, flat: torch.Tensor) -> bool:
     return layer.float_weight is not None and _prompt_rows(flat)
 
 
-def _int4_mm(flat: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def int4_mm(flat: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[rows, in] → [rows, out] in `dtype`, through torch's int4 CPU kernel (bfloat16 in, contiguous scales)."""
     packed = torch.ops.aten._weight_int4pack_mm_for_cpu
     return packed(flat.to(MM_DTYPE).contiguous(), weight, GROUP, scales_zeros).to(dtype)
+
+
+def decode_kernel(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(packed weights, scales) of the one bias-free int4 call that computes `layer`'s output on the kernel's
+    weights, for `int4_mm`: an Int4Siblings group's joined call, or a lone Int4Linear's; None for any other
+    layer (float, int8, biased), which its own forward runs."""
+    if isinstance(layer, Int4Siblings):
+        return None if layer.biased else (layer.weight, layer.scales_zeros)
+    if isinstance(layer, Int4Linear) and layer.siblings is None and layer.bias is None:
+        return layer.weight, layer.scales_zeros
+    return None
 
 
 class Int4Siblings:
@@ -176,7 +187,7 @@ class Int4Siblings:
         flat = _rows(x, x.shape[-1])
         if not self.joins(flat):
             return None
-        return _int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
+        return int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
 
     def joins(self, flat: torch.Tensor) -> bool:
         """Whether `joined` makes its one call for these rows [rows, in] (not biased, not a prompt's float rows)."""
@@ -189,7 +200,7 @@ class Int4Siblings:
         held = self._held
         if held.input is not x:
             held.input, held.outputs = None, ()  # never a stale output, even if the call below fails
-            fused = _int4_mm(_rows(x, x.shape[-1]), self.weight, self.scales_zeros, x.dtype)
+            fused = int4_mm(_rows(x, x.shape[-1]), self.weight, self.scales_zeros, x.dtype)
             held.input, held.outputs, held.untaken = x, fused.split(self.widths, dim=-1), len(self.widths)
         out = held.outputs[index]
         held.untaken -= 1
@@ -222,9 +233,9 @@ def _joinable(layers: list) -> bool:
     if any(layer.out_features % PACK_BLOCK for layer in layers):
         return False
     probe = torch.linspace(-1, 1, layers[0].in_features)[None]
-    alone = torch.cat([_int4_mm(probe, layer.weight, layer.scales_zeros, torch.float32) for layer in layers], -1)
+    alone = torch.cat([int4_mm(probe, layer.weight, layer.scales_zeros, torch.float32) for layer in layers], -1)
     weight = torch.cat([layer.weight for layer in layers])
-    joined = _int4_mm(probe, weight, torch.cat([layer.scales_zeros for layer in layers], dim=1), torch.float32)
+    joined = int4_mm(probe, weight, torch.cat([layer.scales_zeros for layer in layers], dim=1), torch.float32)
     return torch.equal(alone, joined)
 
 

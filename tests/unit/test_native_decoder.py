@@ -126,6 +126,39 @@ def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():
     assert torch.equal(a_first, a_second)
 
 
+def int4_llama():
+    """A random two-layer Llama on the int4 route, shaped so q, k, v and gate, up join (whole packed blocks)."""
+    from model_runner.loading.quantize import quantize_int4
+
+    model = tiny("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=64)  # fmt: skip
+    quantize_int4(model)
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_decode_step_on_int4_kernels_calls_them_directly_with_the_modules_bits(monkeypatch, rows):
+    model = int4_llama()
+    direct, modules = Run(model, "native"), Run(model, "native")
+    decode_layers = []
+    lean = NativeLlama._decode_layer
+    monkeypatch.setattr(NativeLlama, "_decode_layer", lambda *a: decode_layers.append(1) or lean(*a))
+    prompts = [(key, list(range(10 * i + 5, 10 * i + 12 + 3 * i))) for i, key in enumerate("abc"[:rows])]
+    for run in (direct, modules):
+        run.step(prompts)
+    assert not decode_layers  # a prompt's step runs the modules
+    for step in range(4):
+        decode = [(key, [40 + step + i]) for i, key in enumerate("abc"[:rows])]
+        got = direct.step(decode)
+        assert len(decode_layers) == 2 * (step + 1)  # each of the two layers, every decode step
+        with monkeypatch.context() as m:
+            m.setattr(NativeLlama, "_on_decode_kernels", lambda *a: False)
+            want = modules.step(decode)
+        assert torch.equal(got, want), step
+    for key in "abc"[:rows]:
+        assert torch.equal(direct.kv(key), modules.kv(key))
+
+
 def test_the_padded_static_step_and_batch_invariant_mode_are_transformers_bits():
     model = fake_model()
     for mode in ({"cuda_graphs": "padded"}, {"invariant_rows": 4}):

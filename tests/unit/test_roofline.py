@@ -181,8 +181,8 @@ def test_the_kernels_run_every_layer_once_a_call_as_the_step_does(int4, monkeypa
 
     kernels = kernels_mod.Kernels(int4)
     mm, hooked = [], []
-    real = quantize._int4_mm
-    monkeypatch.setattr(quantize, "_int4_mm", lambda *a: mm.append(a[0].shape) or real(*a))
+    real = quantize.int4_mm
+    monkeypatch.setattr(quantize, "int4_mm", lambda *a: mm.append(a[0].shape) or real(*a))
     hooks = [m.register_forward_hook(lambda *_: hooked.append(1)) for layer in kernels.every_layer for m in layer]
     try:
         run = kernels._layer_call(4)

@@ -16,6 +16,7 @@ from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 from transformers.modeling_utils import slice_logits_to_keep
 
+from model_runner.loading.quantize import decode_kernel, int4_mm
 from model_runner.local.kv_cache import FULL
 from model_runner.local.model.paged_step import PagedStep, attend_row_by_row
 
@@ -98,20 +99,29 @@ class Layer:
     k_norm: nn.Module | None
     k_cache: torch.Tensor  # [slots, kv_heads, d]: the pool's token view of this layer's keys
     v_cache: torch.Tensor
+    # (packed weights, scales) of the int4 calls a decode step makes, in order: q|k|v joined, o, gate|up
+    # joined, down (quantize.decode_kernel); None unless all four are bias-free int4 calls
+    kernels: tuple | None
 
     @classmethod
     def of(cls, layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor]) -> Layer:
         attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+        kernels = tuple(
+            decode_kernel(getattr(group[0], "siblings", None) if len(group) > 1 else group[0])
+            for group in (qkv, (attn.o_proj,), gate_up, (mlp.down_proj,))
+        )
         return cls(
             Norm.of(layer.input_layernorm),
             Norm.of(layer.post_attention_layernorm),
-            (attn.q_proj, attn.k_proj, attn.v_proj),
+            qkv,
             attn.o_proj.forward,
-            (mlp.gate_proj, mlp.up_proj),
+            gate_up,
             mlp.down_proj.forward,
             getattr(attn, "q_norm", None),
             getattr(attn, "k_norm", None),
             *kv,
+            kernels if None not in kernels and getattr(attn, "q_norm", None) is None else None,
         )
 
 
@@ -170,8 +180,12 @@ class NativeLlama:
         cos, sin = rotation(*self.rotary(h, position_ids=step.positions[None]))
         mode = self._attention(step)
         attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype) if mode is DecodeRows else mode
-        for layer in self.layers:
-            h = self._layer(layer, h, cos, sin, step, attend)
+        if self._on_decode_kernels(attend, h):
+            for layer in self.layers:
+                h = self._decode_layer(layer, h, cos, sin, step, attend)
+        else:
+            for layer in self.layers:
+                h = self._layer(layer, h, cos, sin, step, attend)
         kept = slice_logits_to_keep(rms_norm(self.norm, h), step.keep)  # [1, N, D], as transformers slices
         return self.head(kept)[0]  # [N, vocab]
 
@@ -183,6 +197,34 @@ class NativeLlama:
         if step.row_by_row:
             return ROW_BY_ROW
         return DecodeRows if step.decode_rows and step.probe is None else PACKED
+
+    def _on_decode_kernels(self, attend, h) -> bool:
+        """Whether this step's layers may call their int4 kernels directly (`_decode_layer`): decode rows that
+        attend alone, every layer's four calls bias-free int4 ones, rows the kernels take (not a prompt's float
+        weights: quantize.Int4Siblings.joins), and sdpa's packed grouped heads, as `_attend` would choose them."""
+        first = self.layers[0]
+        return (
+            isinstance(attend, DecodeRows)
+            and all(layer.kernels is not None for layer in self.layers)
+            and first.qkv[0].siblings.joins(h.view(-1, h.shape[-1]))
+            and not (self.groups > 1 and use_gqa_in_sdpa(attend.mask, first.k_cache, first.v_cache))
+        )
+
+    def _decode_layer(self, layer: Layer, h, cos, sin, step: PagedStep, rows: DecodeRows) -> torch.Tensor:
+        """`_layer` for a step of decode rows on int4 kernels, h [1, R, D] → [1, R, D]: the same ops on the same
+        shapes (so the same bits: tests/unit/test_native_decoder.py), minus the modules' dispatch and checks,
+        made once a step rather than four times a layer. Writes the step's K and V into this layer's pages."""
+        tokens, width, dtype = h.shape[1], h.shape[2], h.dtype
+        qkv_kernel, o_kernel, gate_up_kernel, down_kernel = layer.kernels
+        qkv = int4_mm(rms_norm(layer.attention_norm, h).view(tokens, width), *qkv_kernel, dtype)  # [R, q|k|v]
+        split = (self.heads + self.kv_heads) * self.head_dim
+        qk = rotate(qkv[:, :split].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
+        layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
+        layer.v_cache.index_copy_(0, step.write, qkv[:, split:].view(tokens, self.kv_heads, self.head_dim))
+        out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling)  # [R, H·d]
+        h = h + int4_mm(out, *o_kernel, dtype).view(1, tokens, width)
+        gate, up = int4_mm(rms_norm(layer.mlp_norm, h).view(tokens, width), *gate_up_kernel, dtype).chunk(2, dim=-1)
+        return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, dtype).view(1, tokens, width)
 
     def _layer(self, layer: Layer, h, cos, sin, step: PagedStep, attend) -> torch.Tensor:
         """One decoder layer on h [1, T, D] → [1, T, D]; writes the step's K and V into this layer's pages."""
@@ -272,12 +314,20 @@ class DecodeRows:
         self.mask = torch.where(seen, zero, torch.finfo(dtype).min)[:, None, None, :]  # [R, 1, 1, L]
         self.rows, self.width, self.head_dim = lengths.numel(), width, head_dim
 
+    def _gathered(self, cache: torch.Tensor) -> torch.Tensor:
+        """Each row's keys (or values) from a layer's pool view → [R, kv_heads, L, d]."""
+        return cache.index_select(0, self.slots).view(self.rows, self.width, -1, self.head_dim).transpose(1, 2)
+
+    def attend_grouped(self, q, k_cache, v_cache, scale: float) -> torch.Tensor:
+        """`attend` as NativeLlama._attend runs it for one query a row (each key head's query heads packed as
+        its queries, transformers' pack_gqa), q [1, heads, R, d] → [R, heads·d], a row's heads side by side."""
+        keys, values = self._gathered(k_cache), self._gathered(v_cache)
+        grouped = q.transpose(0, 2).reshape(self.rows, keys.shape[1], -1, self.head_dim)  # [R, kv_heads, groups, d]
+        out = nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=self.mask, scale=scale)
+        return out.reshape(self.rows, -1)
+
     def attend(self, q, k_cache, v_cache, attend) -> torch.Tensor:
         """q [1, heads, R, d] (row r's query at index r) → [1, R, heads, d]."""
-        rows, width = self.rows, self.width
-        keys, values = (
-            cache.index_select(0, self.slots).view(rows, width, -1, self.head_dim).transpose(1, 2)
-            for cache in (k_cache, v_cache)
-        )  # [R, kv_heads, L, d]
+        keys, values = self._gathered(k_cache), self._gathered(v_cache)  # [R, kv_heads, L, d]
         out = attend(q.transpose(0, 2), keys, values, self.mask)  # [R, 1, heads, d]
         return out.transpose(0, 1)  # [1, R, heads, d]
