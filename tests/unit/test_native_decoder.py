@@ -140,6 +140,7 @@ def int4_llama():
 def test_a_decode_step_on_int4_kernels_calls_them_directly_with_the_modules_bits(monkeypatch, rows):
     model = int4_llama()
     direct, modules = Run(model, "native"), Run(model, "native")
+    assert direct.forward.decoder.v_after_k == BLOCK  # the pool's layout: one gather reads a row's keys and values
     decode_layers = []
     lean = NativeLlama._decode_layer
     monkeypatch.setattr(NativeLlama, "_decode_layer", lambda *a: decode_layers.append(1) or lean(*a))

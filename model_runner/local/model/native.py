@@ -166,6 +166,7 @@ class NativeLlama:
         self.read_trash = allocator.read_trash_index  # a slot never written: zeros, what padding keys read
         # Each layer's K and V token views of the pool's flat tensor: [slots, kv_heads, head_dim].
         self.layers = [Layer.of(layer, allocator._kv_token_views[layer.self_attn.layer_idx]) for layer in layers]
+        self.v_after_k = values_after_keys(self.layers)
 
     def inspects(self) -> bool:
         return True  # every step can hand its queries and keys to an attention probe
@@ -221,7 +222,7 @@ class NativeLlama:
         qk = rotate(qkv[:, :split].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
         layer.v_cache.index_copy_(0, step.write, qkv[:, split:].view(tokens, self.kv_heads, self.head_dim))
-        out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling)  # [R, H·d]
+        out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling, self.v_after_k)
         h = h + int4_mm(out, *o_kernel, dtype).view(1, tokens, width)
         gate, up = int4_mm(rms_norm(layer.mlp_norm, h).view(tokens, width), *gate_up_kernel, dtype).chunk(2, dim=-1)
         return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, dtype).view(1, tokens, width)
@@ -295,6 +296,20 @@ class NativeLlama:
         return attend_row_by_row(q, keys, values, step.mask, step.cu_q.tolist(), step.cu_k.tolist(), self._attend)
 
 
+def values_after_keys(layers: list[Layer]) -> int | None:
+    """How many slots of a layer's key view its value view starts after, when that is one count for every layer
+    and the key view runs on over the values (the pool's layout: a layer's K pages, then its V pages): one
+    gather from the key view at slots and slots + that count then reads both. None where the layout differs."""
+    counts = set()
+    for layer in layers:
+        k, v = layer.k_cache, layer.v_cache
+        row = k.stride(0) * k.element_size()
+        offset, rest = divmod(v.data_ptr() - k.data_ptr(), row)
+        runs_on = k.stride() == v.stride() and 0 < offset and not rest and offset + v.shape[0] <= k.shape[0]
+        counts.add(offset if runs_on else None)
+    return counts.pop() if len(counts) == 1 else None
+
+
 class DecodeRows:
     """A decode step's rows (one query each) side by side: row r's keys are its own L_r cached positions,
     gathered into [R, kv_heads, L, d] (L the longest row's count, the rest padded with the read-trash slot,
@@ -313,15 +328,23 @@ class DecodeRows:
         zero = torch.zeros((), dtype=dtype, device=cu.device)
         self.mask = torch.where(seen, zero, torch.finfo(dtype).min)[:, None, None, :]  # [R, 1, 1, L]
         self.rows, self.width, self.head_dim = lengths.numel(), width, head_dim
+        self.both: tuple[int, torch.Tensor] | None = None  # (v_after_k, the slots of keys then values)
 
     def _gathered(self, cache: torch.Tensor) -> torch.Tensor:
         """Each row's keys (or values) from a layer's pool view → [R, kv_heads, L, d]."""
         return cache.index_select(0, self.slots).view(self.rows, self.width, -1, self.head_dim).transpose(1, 2)
 
-    def attend_grouped(self, q, k_cache, v_cache, scale: float) -> torch.Tensor:
+    def attend_grouped(self, q, k_cache, v_cache, scale: float, v_after_k: int | None) -> torch.Tensor:
         """`attend` as NativeLlama._attend runs it for one query a row (each key head's query heads packed as
-        its queries, transformers' pack_gqa), q [1, heads, R, d] → [R, heads·d], a row's heads side by side."""
-        keys, values = self._gathered(k_cache), self._gathered(v_cache)
+        its queries, transformers' pack_gqa), q [1, heads, R, d] → [R, heads·d], a row's heads side by side.
+        With `v_after_k` (values_after_keys) the keys and values come in one gather from the key view."""
+        if v_after_k is None:
+            keys, values = self._gathered(k_cache), self._gathered(v_cache)
+        else:
+            if self.both is None or self.both[0] != v_after_k:  # once a step: every layer shares the layout
+                self.both = (v_after_k, torch.cat((self.slots, self.slots + v_after_k)))
+            both = k_cache.index_select(0, self.both[1]).view(2, self.rows, self.width, -1, self.head_dim)
+            keys, values = both.transpose(2, 3).unbind(0)  # each [R, kv_heads, L, d]
         grouped = q.transpose(0, 2).reshape(self.rows, keys.shape[1], -1, self.head_dim)  # [R, kv_heads, groups, d]
         out = nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=self.mask, scale=scale)
         return out.reshape(self.rows, -1)
