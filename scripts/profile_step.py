@@ -30,6 +30,18 @@ def cpu_name() -> str:
     return platform.processor() or "?"
 
 
+def isa_flags() -> list[str]:
+    """The CPU's vector and matrix extensions as /proc/cpuinfo lists them (avx*, amx*, fma, f16c)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    except OSError:
+        pass
+    return []
+
+
 def engine_for(dtype: str, decoder: str):
     from model_runner.loading.loader import load
     from model_runner.local.engine import Engine, EngineConfig
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         forward_runs.append(statistics.median(forwards) if forwards else float("nan"))
     result = {
         "cpu": cpu_name(),
+        "cpu_flags": isa_flags(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

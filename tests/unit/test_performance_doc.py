@@ -134,6 +134,117 @@ def mask_figures() -> dict[str, str]:
     }
 
 
+BENCH = ROOT / "docs/bench"
+PROFILES = [(kernels, when) for kernels in ("AVX-512", "AVX2") for when in ("before", "after")]
+
+
+def bench_file(name: str) -> dict:
+    return json.loads((BENCH / name).read_text(encoding="utf-8"))
+
+
+def profile_file(kernels: str, when: str) -> str:
+    return f"profile-lone-decode-{kernels.lower().replace('-', '')}-{when}.json"
+
+
+def self_ms(profile: dict, op: str) -> float:
+    return next(o["self_ms_per_step"] for o in profile["profile"]["ops"] if o["op"] == op)
+
+
+def calls(profile: dict, op: str) -> float:
+    return next(o["calls_per_step"] for o in profile["profile"]["ops"] if o["op"] == op)
+
+
+KERNELS = {
+    "int4": "aten::_weight_int4pack_mm_for_cpu",
+    "int8": "aten::_weight_int8pack_mm",
+    "sdpa": "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "gather": "aten::index_select",
+    "topk": "aten::topk",
+}
+
+
+def token_gaps() -> list[list[float]]:
+    answers = bench_file("llamacpp-token-gaps.json")["answers"]
+    return [[b - a for a, b in zip(x["stamps_ms"], x["stamps_ms"][1:])] for x in answers]
+
+
+def lone_figures() -> dict[str, str]:
+    """The lone decode section's figures, from the profiles and the bench run kept in docs/bench/."""
+    median = statistics.median
+    rows = []
+    for kernels, when in PROFILES:
+        run = bench_file(profile_file(kernels, when))
+        steps = ", ".join(f"{t:.2f}" for t in run["median_step_ms_per_repeat"])
+        rows.append(
+            f"| {kernels} ({run['capability']}) | {when} | {steps} ms | {run['profile']['aten_calls_per_step']:,} "
+            f"| `{profile_file(kernels, when)}` |"
+        )
+    after, avx2 = bench_file(profile_file("AVX-512", "after")), bench_file(profile_file("AVX2", "after"))
+    kernels_ms = sum(self_ms(after, op) for op in KERNELS.values())
+    after_step = median(after["median_step_ms_per_repeat"])
+    bench = bench_file("lone-decode-llamacpp.json")
+    native, f32, ratios = bench["routes"]["auto:native"], bench["routes"]["float32"], bench["ratios"]
+    llama = bench["anchor"]["lone_decode_tokens_per_s"]
+    lone, batched = ratios["lone_auto:native_over_float32"]["spread"], ratios["batched_auto:native_over_float32"]
+    fastest = [min(g) for g in token_gaps()]
+    return {
+        "profile_rows": "\n".join(rows),
+        **{f"{name}_ms": f"{self_ms(after, op):.2f}" for name, op in KERNELS.items()},
+        "int4_calls": f"{calls(after, KERNELS['int4']):.1f}",
+        "kernels_ms": f"{kernels_ms:.1f}",
+        "rest_ms": f"{after_step - kernels_ms:.1f}",
+        "after_step": f"{after_step:.2f}",
+        "after_calls": f"{after['profile']['aten_calls_per_step']:,}",
+        "int4_avx2_ms": f"{self_ms(avx2, KERNELS['int4']):.2f}",
+        "bench_command": bench["command"],
+        "bench_started": bench["started_at"][:16].replace("T", " ") + " UTC",
+        "bench_load_start": f"{bench['machine']['load_average_start'][0]}",
+        "bench_load_end": f"{bench['machine']['load_average_end'][0]}",
+        "native_tps": f"{native['lone_decode_tokens_per_s']['median']:.1f}",
+        "native_tps_lo": f"{native['lone_decode_tokens_per_s']['min']:.1f}",
+        "native_tps_hi": f"{native['lone_decode_tokens_per_s']['max']:.1f}",
+        "native_step": f"{native['step_ms']['median']:.1f}",
+        "f32_tps": f"{f32['lone_decode_tokens_per_s']['median']:.1f}",
+        "lone_ratio": f"{lone['median']:.2f}×",
+        "lone_ratio_lo": f"{lone['min']:.2f}",
+        "lone_ratio_hi": f"{lone['max']:.2f}",
+        "batched_ratio": f"{batched['spread']['median']:.2f}×",
+        "batched_ratio_lo": f"{batched['spread']['min']:.2f}",
+        "batched_ratio_hi": f"{batched['spread']['max']:.2f}",
+        "native_batched": f"{native['batched_tokens_per_s']['median']:.1f}",
+        "llama_tps": f"{llama['median']:.1f}",
+        "llama_lo": f"{llama['min']:.1f}",
+        "llama_hi": f"{llama['max']:.1f}",
+        "llama_ratio": f"{ratios['lone_auto:native_over_llamacpp']['value']:.2f}×",
+        "gap_lo": f"{min(fastest):.2f}",
+        "gap_hi": f"{max(fastest):.2f}",
+        "stalls": f"{sum(g > 20 for gaps in token_gaps() for g in gaps)}",
+        "gaps": f"{sum(len(gaps) for gaps in token_gaps())}",
+    }
+
+
+def test_the_lone_decode_sections_readings_are_the_files():
+    """What the section says of its figures holds in the kept files: the step got faster on both kernels; the
+    anchor's repeats spread too wide for a ratio; its fastest tokens are about a third of our median step and
+    under half of our kernels' own time; every profile names the CPU, its flags and its capability."""
+    median = statistics.median
+    for kernels in ("AVX-512", "AVX2"):
+        before, after = (bench_file(profile_file(kernels, w)) for w in ("before", "after"))
+        assert median(after["median_step_ms_per_repeat"]) < median(before["median_step_ms_per_repeat"])
+        assert after["profile"]["aten_calls_per_step"] < before["profile"]["aten_calls_per_step"]
+        for run in (before, after):
+            assert run["cpu"] == "Intel(R) Xeon(R) Processor" and "avx512f" in run["cpu_flags"]
+            assert run["capability"] == ("AVX512" if kernels == "AVX-512" else "AVX2") and run["threads"] == 2
+    bench = bench_file("lone-decode-llamacpp.json")
+    llama = bench["anchor"]["lone_decode_tokens_per_s"]
+    assert llama["max"] > 2 * llama["min"]  # "not a resolved ratio"
+    fastest = max(min(g) for g in token_gaps())
+    step = bench["routes"]["auto:native"]["step_ms"]["median"]
+    assert 0.25 < min(min(g) for g in token_gaps()) / step and fastest / step < 0.4  # "about a third"
+    after = bench_file(profile_file("AVX-512", "after"))
+    assert sum(self_ms(after, op) for op in KERNELS.values()) > 2 * fastest  # "more than twice its fastest token"
+
+
 def test_the_mask_cost_sections_reading_of_the_ranges_is_the_runs():
     """Every case's constrained / plain range straddles 1, as the page says; every constrained answer parsed."""
     run = json.loads((ROOT / "docs/bench/structured-mask.json").read_text(encoding="utf-8"))
@@ -176,9 +287,32 @@ QUOTED = [
 ]
 
 
+# The lone decode section's figures, from the profiles and the bench run kept in docs/bench/.
+LONE_QUOTED = [
+    "{profile_rows}",
+    "torch's int4 kernel **{int4_ms} ms** over {int4_calls} calls, the\nhead's int8 pass **{int8_ms} ms**, "
+    "attention (sdpa) **{sdpa_ms} ms**, the key and value gathers **{gather_ms} ms**\nand the head's top-k "
+    "**{topk_ms} ms**: **{kernels_ms} ms** in these kernels, so about **{rest_ms} ms** of the\n{after_step} ms "
+    "median step is everything else: some {after_calls} aten calls a step",
+    "With AVX2 forced the int4 kernel alone takes **{int4_avx2_ms} ms** a step.",
+    "one `{bench_command}` run ({bench_started}, load {bench_load_start} → {bench_load_end},",
+    "**{native_tps} tok/s** on the default route (median of 5 repeats, {native_tps_lo}–{native_tps_hi}), a median step\n"
+    "of **{native_step} ms**; float32 **{f32_tps} tok/s**; the default route over float32 **{lone_ratio}**\n"
+    "[{lone_ratio_lo}–{lone_ratio_hi}] alone and **{batched_ratio}** [{batched_ratio_lo}–{batched_ratio_hi}] with 8\n"
+    "clients ({native_batched} tok/s in all)",
+    "**{llama_tps} tok/s** with its repeats spread from {llama_lo} to {llama_hi} tok/s, so the quoted\n{llama_ratio}",
+    "fastest gap between tokens was {gap_lo}–{gap_hi} ms in every answer, but {stalls} of its {gaps} gaps were over\n20 ms",
+]
+
+
 @pytest.mark.parametrize("sentence", QUOTED)
 def test_each_quoted_figure_is_the_shipped_recordings(sentence):
     assert sentence.format(**figures(), **mask_figures()) in DOC
+
+
+@pytest.mark.parametrize("sentence", LONE_QUOTED)
+def test_each_lone_decode_figure_is_the_kept_runs(sentence):
+    assert sentence.format(**lone_figures()) in DOC
 
 
 def test_the_floors_pass_their_check_and_the_verdicts_named_are_the_carried_ones():
