@@ -231,6 +231,31 @@ def lone_figures() -> dict[str, str]:
     }
 
 
+def vllm_figures() -> dict[str, str]:
+    """The vLLM paragraph's figures, from the `--anchor vllm` run kept beside the page."""
+    run = bench_file("lone-decode-vllm.json")
+    vllm, f32, ratios = run["vllm_anchor"], run["routes"]["float32"], run["ratios"]
+    lone = vllm["lone_decode_tokens_per_s"]
+    return {
+        "v_command": run["command"],
+        "v_started": run["started_at"][:16].replace("T", " ") + " UTC",
+        "v_load_start": f"{run['machine']['load_average_start'][0]}",
+        "v_load_end": f"{run['machine']['load_average_end'][0]}",
+        "v_version": vllm["engine"].split("==")[1].split(")")[0],
+        "v_threads": f"{vllm['threads']}",
+        "v_lone": f"{lone['median']:.1f}",
+        "v_lone_lo": f"{lone['min']:.1f}",
+        "v_lone_hi": f"{lone['max']:.1f}",
+        "v_n": f"{lone['n']}",
+        "v_batched": f"{vllm['batched_tokens_per_s']['median']:.1f}",
+        "f_lone": f"{f32['lone_decode_tokens_per_s']['median']:.1f}",
+        "f_batched": f"{f32['batched_tokens_per_s']['median']:.1f}",
+        "v_lone_ratio": f"{ratios['lone_float32_over_vllm']['value']:.2f}×",
+        "v_batched_ratio": f"{ratios['batched_float32_over_vllm']['value']:.2f}×",
+        "v_same": f"{vllm['agreement']['identical']}",
+    }
+
+
 def test_the_lone_decode_sections_readings_are_the_files():
     """What the section says of its figures holds in the kept files: the step got faster on both kernels; the
     anchor's repeats spread too wide for a ratio; its fastest tokens are about a third of our median step and
@@ -313,7 +338,7 @@ LONE_QUOTED = [
     "our int4 and int8 passes alone take\n**{weights_ms} ms**, more than its fastest token",
     "Against its median token ({llama_ms} ms) the weight kernels fit",
     "With AVX2 forced the int4 kernel alone takes **{int4_avx2_ms} ms** a step.",
-    "one `{bench_command}` run ({bench_started}, load {bench_load_start} → {bench_load_end},",
+    "one `{bench_command}` run with `--anchor llamacpp` ({bench_started}, load {bench_load_start} → {bench_load_end},",
     "**{native_tps} tok/s** on the default route (median of 5 repeats, {native_tps_lo}–{native_tps_hi}), a median step\n"
     "of **{native_step} ms**; float32 **{f32_tps} tok/s**; the default route over float32 **{lone_ratio}**\n"
     "[{lone_ratio_lo}–{lone_ratio_hi}] alone and **{batched_ratio}** [{batched_ratio_lo}–{batched_ratio_hi}] with 8\n"
@@ -328,9 +353,30 @@ def test_each_quoted_figure_is_the_shipped_recordings(sentence):
     assert sentence.format(**figures(), **mask_figures()) in DOC
 
 
+VLLM_QUOTED = [
+    "one `{v_command}` run with `--anchor vllm` ({v_started}, load\n{v_load_start} → {v_load_end},",
+    "vLLM {v_version} on float32, its worker on {v_threads} core as the bench starts it",
+    "**{v_lone} tok/s** ({v_lone_lo}–{v_lone_hi} over {v_n} repeats) and 8 clients at **{v_batched} tok/s**; our\n"
+    "float32 route on 2 threads **{f_lone} tok/s** and **{f_batched} tok/s**: **{v_lone_ratio}** and\n"
+    "**{v_batched_ratio}** vLLM's medians, on twice its cores (computed); vLLM's greedy answers were our float32\n"
+    "route's on {v_same} of 24 quality prompts",
+]
+
+
 @pytest.mark.parametrize("sentence", LONE_QUOTED)
 def test_each_lone_decode_figure_is_the_kept_runs(sentence):
     assert sentence.format(**lone_figures()) in DOC
+
+
+@pytest.mark.parametrize("sentence", VLLM_QUOTED)
+def test_each_vllm_figure_is_the_kept_run(sentence):
+    assert sentence.format(**vllm_figures()) in DOC
+
+
+def test_the_vllm_run_is_the_one_the_page_describes():
+    run = bench_file("lone-decode-vllm.json")
+    assert run["vllm_anchor"]["threads"] == 1 and run["machine"]["torch_threads"] == 2  # "twice its cores"
+    assert run["vllm_anchor"]["agreement"]["compared"] == 24
 
 
 def test_the_floors_pass_their_check_and_the_verdicts_named_are_the_carried_ones():
