@@ -16,7 +16,7 @@ from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 from transformers.modeling_utils import slice_logits_to_keep
 
-from model_runner.loading.quantize import decode_kernel, int4_mm
+from model_runner.loading.quantize import MM_DTYPE, decode_kernel, int4_mm
 from model_runner.local.kv_cache import FULL
 from model_runner.local.model.paged_step import PagedStep, attend_row_by_row
 
@@ -223,9 +223,11 @@ class NativeLlama:
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
         layer.v_cache.index_copy_(0, step.write, qkv[:, split:].view(tokens, self.kv_heads, self.head_dim))
         out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling, self.v_after_k)
-        h = h + int4_mm(out, *o_kernel, dtype).view(1, tokens, width)
+        # the residual adds take the kernel's bfloat16 output as it is: the add runs in h's float32 and widening
+        # bfloat16 is exact, so the bits are those of casting first, one op fewer each
+        h = h + int4_mm(out, *o_kernel, MM_DTYPE).view(1, tokens, width)
         gate, up = int4_mm(rms_norm(layer.mlp_norm, h).view(tokens, width), *gate_up_kernel, dtype).chunk(2, dim=-1)
-        return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, dtype).view(1, tokens, width)
+        return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, MM_DTYPE).view(1, tokens, width)
 
     def _layer(self, layer: Layer, h, cos, sin, step: PagedStep, attend) -> torch.Tensor:
         """One decoder layer on h [1, T, D] → [1, T, D]; writes the step's K and V into this layer's pages."""
