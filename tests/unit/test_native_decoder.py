@@ -1,8 +1,9 @@
 """The native decoder step (model_runner/local/model/native.py) against transformers' forward over the same paged
 pool: bit for bit wherever the two run the same shapes (prompts, chunks, a lone decode, the padded static step,
 batch-invariant mode), the same K and V written to the same slots, the same attention summaries; a decode step
-of several rows, which the native step attends row by row, within float32's rounding of the packed one; the
-Llama family it knows (Llama, Qwen2's biases, Qwen3's head norms) and a clear refusal of what it does not."""
+of several rows, which the native step attends row by row, within float32's rounding of the packed one; a
+decode step on int4 kernels, which calls them directly, the module path's bits; the Llama family it knows
+(Llama, Qwen2's biases, Qwen3's head norms) and a clear refusal of what it does not."""
 
 from __future__ import annotations
 
@@ -126,21 +127,29 @@ def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():
     assert torch.equal(a_first, a_second)
 
 
-def int4_llama():
+def int4_llama(kv_heads: int = 2):
     """A random two-layer Llama on the int4 route, shaped so q, k, v and gate, up join (whole packed blocks)."""
     from model_runner.loading.quantize import quantize_int4
 
-    model = tiny("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=64)  # fmt: skip
+    model = tiny("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                 num_key_value_heads=kv_heads, head_dim=64)  # fmt: skip
     quantize_int4(model)
     return model
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_a_decode_step_on_int4_kernels_calls_them_directly_with_the_modules_bits(monkeypatch, rows):
-    model = int4_llama()
+@pytest.mark.parametrize(
+    "rows, kv_heads, one_gather",
+    [(1, 2, True), (3, 2, True), (3, 4, True), (3, 2, False)],
+    ids=["one row", "three rows", "three rows, a key head a query head", "three rows, keys and values apart"],
+)
+def test_a_decode_step_on_int4_kernels_calls_them_directly_with_the_modules_bits(
+    monkeypatch, rows, kv_heads, one_gather
+):
+    model = int4_llama(kv_heads)
     direct, modules = Run(model, "native"), Run(model, "native")
     assert direct.forward.decoder.v_after_k == BLOCK  # the pool's layout: one gather reads a row's keys and values
+    if not one_gather:
+        direct.forward.decoder.v_after_k = None  # a layout with no fixed distance: a gather each
     decode_layers = []
     lean = NativeLlama._decode_layer
     monkeypatch.setattr(NativeLlama, "_decode_layer", lambda *a: decode_layers.append(1) or lean(*a))

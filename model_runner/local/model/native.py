@@ -107,10 +107,8 @@ class Layer:
     def of(cls, layer: nn.Module, kv: tuple[torch.Tensor, torch.Tensor]) -> Layer:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
-        kernels = tuple(
-            decode_kernel(getattr(group[0], "siblings", None) if len(group) > 1 else group[0])
-            for group in (qkv, (attn.o_proj,), gate_up, (mlp.down_proj,))
-        )
+        kernels = tuple(_group_kernel(group) for group in (qkv, (attn.o_proj,), gate_up, (mlp.down_proj,)))
+        even = mlp.gate_proj.out_features == mlp.up_proj.out_features  # _decode_layer halves gate|up
         return cls(
             Norm.of(layer.input_layernorm),
             Norm.of(layer.post_attention_layernorm),
@@ -121,8 +119,16 @@ class Layer:
             getattr(attn, "q_norm", None),
             getattr(attn, "k_norm", None),
             *kv,
-            kernels if None not in kernels and getattr(attn, "q_norm", None) is None else None,
+            kernels if None not in kernels and even and getattr(attn, "q_norm", None) is None else None,
         )
+
+
+def _group_kernel(group: tuple) -> tuple | None:
+    """quantize.decode_kernel of one layer, or of siblings joined as exactly this group (q, k, v; gate, up)."""
+    if len(group) == 1:
+        return decode_kernel(group[0])
+    siblings = getattr(group[0], "siblings", None)
+    return decode_kernel(siblings) if siblings is not None and tuple(siblings.layers) == group else None
 
 
 def project(layers: tuple, x: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
@@ -167,6 +173,7 @@ class NativeLlama:
         # Each layer's K and V token views of the pool's flat tensor: [slots, kv_heads, head_dim].
         self.layers = [Layer.of(layer, allocator._kv_token_views[layer.self_attn.layer_idx]) for layer in layers]
         self.v_after_k = values_after_keys(self.layers)
+        self.qk_width = (self.heads + self.kv_heads) * self.head_dim  # q's and k's outputs, before v's
 
     def inspects(self) -> bool:
         return True  # every step can hand its queries and keys to an attention probe
@@ -199,16 +206,19 @@ class NativeLlama:
             return ROW_BY_ROW
         return DecodeRows if step.decode_rows and step.probe is None else PACKED
 
-    def _on_decode_kernels(self, attend, h) -> bool:
-        """Whether this step's layers may call their int4 kernels directly (`_decode_layer`): decode rows that
-        attend alone, every layer's four calls bias-free int4 ones, rows the kernels take (not a prompt's float
-        weights: quantize.Int4Siblings.joins), and sdpa's packed grouped heads, as `_attend` would choose them."""
+    def _on_decode_kernels(self, attend, h: torch.Tensor) -> bool:
+        """Whether this step's layers, on h [1, R, D], may call their int4 kernels directly (`_decode_layer`):
+        decode rows that attend alone, a float32 residual (the route's), every layer's four calls bias-free int4
+        ones, rows the kernels take (not a prompt's float weights: quantize.Int4Siblings.joins; one layer asks
+        for all, as quantize_int4 keeps float weights for every layer or none), and sdpa's packed grouped
+        heads, as `_attend` would choose them."""
+        if not isinstance(attend, DecodeRows) or h.dtype != torch.float32:
+            return False
+        if not all(layer.kernels is not None for layer in self.layers):
+            return False
         first = self.layers[0]
-        return (
-            isinstance(attend, DecodeRows)
-            and all(layer.kernels is not None for layer in self.layers)
-            and first.qkv[0].siblings.joins(h.view(-1, h.shape[-1]))
-            and not (self.groups > 1 and use_gqa_in_sdpa(attend.mask, first.k_cache, first.v_cache))
+        return first.qkv[0].siblings.joins(h.view(-1, h.shape[-1])) and not (
+            self.groups > 1 and use_gqa_in_sdpa(attend.mask, first.k_cache, first.v_cache)
         )
 
     def _decode_layer(self, layer: Layer, h, cos, sin, step: PagedStep, rows: DecodeRows) -> torch.Tensor:
@@ -218,7 +228,7 @@ class NativeLlama:
         tokens, width, dtype = h.shape[1], h.shape[2], h.dtype
         qkv_kernel, o_kernel, gate_up_kernel, down_kernel = layer.kernels
         qkv = int4_mm(rms_norm(layer.attention_norm, h).view(tokens, width), *qkv_kernel, dtype)  # [R, q|k|v]
-        split = (self.heads + self.kv_heads) * self.head_dim
+        split = self.qk_width
         qk = rotate(qkv[:, :split].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
         layer.v_cache.index_copy_(0, step.write, qkv[:, split:].view(tokens, self.kv_heads, self.head_dim))
@@ -307,6 +317,7 @@ def values_after_keys(layers: list[Layer]) -> int | None:
         k, v = layer.k_cache, layer.v_cache
         row = k.stride(0) * k.element_size()
         offset, rest = divmod(v.data_ptr() - k.data_ptr(), row)
+        # equal strides over views of one flat tensor: the same [kv_heads, d] rows, so k[offset + s] is v[s]
         runs_on = k.stride() == v.stride() and 0 < offset and not rest and offset + v.shape[0] <= k.shape[0]
         counts.add(offset if runs_on else None)
     return counts.pop() if len(counts) == 1 else None
@@ -330,7 +341,7 @@ class DecodeRows:
         zero = torch.zeros((), dtype=dtype, device=cu.device)
         self.mask = torch.where(seen, zero, torch.finfo(dtype).min)[:, None, None, :]  # [R, 1, 1, L]
         self.rows, self.width, self.head_dim = lengths.numel(), width, head_dim
-        self.both: tuple[int, torch.Tensor] | None = None  # (v_after_k, the slots of keys then values)
+        self.both: torch.Tensor | None = None  # [2·R·L] the key view's slots of the keys, then of the values
 
     def _gathered(self, cache: torch.Tensor) -> torch.Tensor:
         """Each row's keys (or values) from a layer's pool view → [R, kv_heads, L, d]."""
@@ -343,9 +354,9 @@ class DecodeRows:
         if v_after_k is None:
             keys, values = self._gathered(k_cache), self._gathered(v_cache)
         else:
-            if self.both is None or self.both[0] != v_after_k:  # once a step: every layer shares the layout
-                self.both = (v_after_k, torch.cat((self.slots, self.slots + v_after_k)))
-            both = k_cache.index_select(0, self.both[1]).view(2, self.rows, self.width, -1, self.head_dim)
+            if self.both is None:  # once a step: every layer's pool views share the layout
+                self.both = torch.cat((self.slots, self.slots + v_after_k))
+            both = k_cache.index_select(0, self.both).view(2, self.rows, self.width, -1, self.head_dim)
             keys, values = both.transpose(2, 3).unbind(0)  # each [R, kv_heads, L, d]
         grouped = q.transpose(0, 2).reshape(self.rows, keys.shape[1], -1, self.head_dim)  # [R, kv_heads, groups, d]
         out = nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=self.mask, scale=scale)
