@@ -24,6 +24,13 @@ def load(name: str) -> dict:
     return json.loads((ROOT / "static/data" / name).read_text(encoding="utf-8"))
 
 
+BENCH = ROOT / "docs/bench"  # the bench and profile runs the page quotes, kept beside it
+
+
+def bench_file(name: str) -> dict:
+    return json.loads((BENCH / name).read_text(encoding="utf-8"))
+
+
 def pct_change(after: float, before: float) -> str:
     r = after / before - 1
     return f"{'+' if r >= 0 else '−'}{abs(r) * 100:.0f} %"
@@ -98,7 +105,7 @@ def figures() -> dict[str, str]:
 
 def mask_figures() -> dict[str, str]:
     """The structured-output section's figures, from the `kvscope bench --structured` run kept beside the page."""
-    run = json.loads((ROOT / "docs/bench/structured-mask.json").read_text(encoding="utf-8"))
+    run = bench_file("structured-mask.json")
     rows, machine, median = run["cases"], run["machine"], statistics.median
     lone = [r for r in rows if r["clients"] == 1]
     lone_schema = next(r for r in lone if r["case"] == "json_schema")
@@ -134,12 +141,7 @@ def mask_figures() -> dict[str, str]:
     }
 
 
-BENCH = ROOT / "docs/bench"
 PROFILES = [(kernels, when) for kernels in ("AVX-512", "AVX2") for when in ("before", "after")]
-
-
-def bench_file(name: str) -> dict:
-    return json.loads((BENCH / name).read_text(encoding="utf-8"))
 
 
 def profile_file(kernels: str, when: str) -> str:
@@ -284,7 +286,7 @@ def test_the_lone_decode_sections_readings_are_the_files():
 
 def test_the_mask_cost_sections_reading_of_the_ranges_is_the_runs():
     """Every case's constrained / plain range straddles 1, as the page says; every constrained answer parsed."""
-    run = json.loads((ROOT / "docs/bench/structured-mask.json").read_text(encoding="utf-8"))
+    run = bench_file("structured-mask.json")
     assert all(r["ratio"]["min"] < 1 < r["ratio"]["max"] for r in run["cases"])
     assert "Every case's range straddles 1" in DOC
     assert all(a["parsed"] == a["answers"] for a in run["answers"].values())

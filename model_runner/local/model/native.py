@@ -173,6 +173,7 @@ class NativeLlama:
         # Each layer's K and V token views of the pool's flat tensor: [slots, kv_heads, head_dim].
         self.layers = [Layer.of(layer, allocator._kv_token_views[layer.self_attn.layer_idx]) for layer in layers]
         self.v_after_k = values_after_keys(self.layers)
+        self.all_int4 = all(layer.kernels is not None for layer in self.layers)  # every layer's four calls int4
         self.qk_width = (self.heads + self.kv_heads) * self.head_dim  # q's and k's outputs, before v's
 
     def inspects(self) -> bool:
@@ -212,9 +213,7 @@ class NativeLlama:
         ones, rows the kernels take (not a prompt's float weights: quantize.Int4Siblings.joins; one layer asks
         for all, as quantize_int4 keeps float weights for every layer or none), and sdpa's packed grouped
         heads, as `_attend` would choose them."""
-        if not isinstance(attend, DecodeRows) or h.dtype != torch.float32:
-            return False
-        if not all(layer.kernels is not None for layer in self.layers):
+        if not isinstance(attend, DecodeRows) or h.dtype != torch.float32 or not self.all_int4:
             return False
         first = self.layers[0]
         return first.qkv[0].siblings.joins(h.view(-1, h.shape[-1])) and not (
