@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from formulas.cost import Shape
+from model_runner.loading.packed import PackedLinear
 from model_runner.loading.quantize import Int4Linear, Int8Linear, RescoredHead
 
 
@@ -24,11 +25,11 @@ def shape_from_model(model, facts) -> Shape:
     for module in model.modules():
         if id(module) in inside_head:
             continue
-        if isinstance(module, (torch.nn.Linear, Int4Linear, Int8Linear)):
+        if isinstance(module, (torch.nn.Linear, PackedLinear, Int4Linear, Int8Linear)):
             if _makes_logits(module, facts):
                 heads.append(module)
                 continue
-            _count_linear(module, counts, quantized=not isinstance(module, torch.nn.Linear))
+            _count_linear(module, counts, quantized=isinstance(module, (Int4Linear, Int8Linear)))
         elif module is not embedding:
             counts["other"] += sum(p.numel() for p in module.parameters(recurse=False))
     if not heads:

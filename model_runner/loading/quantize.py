@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from model_runner.loading.packed import PackedLinear, pack, packed_linear
+
 MM_DTYPE = torch.bfloat16  # the activation dtype the int4/int8 kernels are fast with (fp32, fp16 take slow paths)
 GROUP = 32  # int4: inputs per scale and zero (the GGUF's Q4_1 block)
 K_MULTIPLE = 16  # the CPU kernel reads inputs 16 at a time: other widths give wrong sums (or crash), so they stay float
@@ -94,7 +96,8 @@ class Int4Linear(nn.Module):
     """y = x W^T (+ b) with W in groups of 32 inputs, each w = d * q + m with q in 0..15 (asymmetric
     4-bit: the GGUF's Q4_1 layout, so the bundled model's Q4_1 weights come back exactly: a group's
     min has q = 0 and its max q = 15 by construction); torch's int4 CPU kernel, scales in bfloat16.
-    With `keep_float`, calls of FLOAT_ROWS rows or more (prefill) run on the float weights instead."""
+    With `keep_float`, calls of FLOAT_ROWS rows or more (prefill) run on the float weights instead, packed for
+    oneDNN as the float32 route packs them (model_runner/loading/packed.py), so a prompt is float32's bits."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_float: bool = False):
         super().__init__()
@@ -111,8 +114,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", packed)
         self.register_buffer("scales_zeros", scales_zeros.to(MM_DTYPE))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        # The model's own float tensor, not a copy: prefill then computes exactly what float32 computes.
-        self.register_buffer("float_weight", weight.detach() if keep_float else None)
+        # The float weights as the float32 route packs them, in place of the model's own (held once): prefill
+        # then computes exactly what float32 computes. An opaque tensor: an attribute, not a buffer.
+        self.float_weight = pack(weight) if keep_float else None
         self.in_features, self.out_features = in_features, out_features
         self.siblings: Int4Siblings | None = None  # set when it shares one int4 call with its siblings
         self.sibling_index = 0
@@ -120,7 +124,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _rows(x, self.in_features)
         if on_float_weights(self, flat):
-            return nn.functional.linear(x, self.float_weight.to(x.dtype), self.bias)
+            return packed_linear(x, self.float_weight, self.bias)
         if self.siblings is not None:
             y = self.siblings.output(x, self.sibling_index)
         else:
@@ -336,15 +340,19 @@ QUANTIZED = (Int8Linear, Int4Linear, RescoredHead)
 
 
 def weight_count_and_bytes(model: nn.Module) -> tuple[int, int]:
-    """(weights, bytes they occupy): float parameters (tied ones once) and the quantized layers' tensors
-    (packed weights, scales, biases, float weights kept for prefill or rescoring), each tensor once."""
+    """(weights, bytes they occupy): float parameters (tied ones once), the quantized layers' tensors (packed
+    weights, scales, biases, float weights kept for prefill or rescoring) and oneDNN's packed float32 weights
+    (model_runner/loading/packed.py: opaque tensors, keyed by identity), each tensor once."""
     tensors = {p.data_ptr(): p for p in model.parameters()}
     count = sum(t.numel() for t in tensors.values())
-    for layer in (m for m in model.modules() if isinstance(m, QUANTIZED)):
+    for layer in (m for m in model.modules() if isinstance(m, (*QUANTIZED, PackedLinear))):
         if not getattr(layer, "tied_copy", False):
             bias = layer.bias.numel() if layer.bias is not None else 0
             count += layer.in_features * layer.out_features + bias  # int4 packs two weights a byte
         for t in layer.buffers(recurse=False):
             if t is not None:
                 tensors[t.data_ptr()] = t
+        packed = layer.packed if isinstance(layer, PackedLinear) else getattr(layer, "float_weight", None)
+        if packed is not None and packed.is_mkldnn:
+            tensors[("packed", id(packed))] = packed
     return count, sum(t.numel() * t.element_size() for t in tensors.values())

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from model_runner.loading.packed import KERNEL_NOTE, available
 from model_runner.loading.quantize import FLOAT_ROWS, mixed_kernel_rows
 from model_runner.protocol.errors import UserError
 
@@ -34,6 +35,14 @@ class DtypeRoute:
     quant: str  # "", "int4" or "int8": how the linear layers are stored (model_runner/loading/quantize.py)
     reason: str
     float_prefill: bool = False  # int4: prompts of FLOAT_ROWS tokens or more run on the float32 weights
+    packed: bool = False  # float32 linear layers on oneDNN's packed weights (model_runner/loading/packed.py)
+
+
+def _float(name: str, device: torch.device, reason: str) -> DtypeRoute:
+    """A float route; on a CPU with oneDNN, float32's linear layers on its packed weights (faster at every row
+    count measured: docs/performance.md)."""
+    packed = DTYPES[name] == torch.float32 and available(device)
+    return DtypeRoute(name, DTYPES[name], "", reason + (f"; {KERNEL_NOTE}" if packed else ""), packed=packed)
 
 
 def fast_route_for(capability: str) -> str | None:
@@ -60,7 +69,8 @@ def _quantized(name: str, reason: str) -> DtypeRoute:
     float_prefill = name == "int4" and float_prefill_for(capability)
     if float_prefill:
         reason += "; prompts on the float32 weights (float32's own prefill: faster, and the answers stay the model's)"
-    return DtypeRoute(name, torch.float32, name, reason, float_prefill)
+    packed = float_prefill and available(torch.device("cpu"))
+    return DtypeRoute(name, torch.float32, name, reason, float_prefill, packed)
 
 
 def resolve_route(dtype: str, device: torch.device, bundled: bool = True) -> DtypeRoute:
@@ -82,21 +92,19 @@ def resolve_route(dtype: str, device: torch.device, bundled: bool = True) -> Dty
             )
         return _quantized(dtype, f"--dtype {dtype}")
     if dtype != "auto":
-        return DtypeRoute(dtype, DTYPES[dtype], "", f"--dtype {dtype}")
+        return _float(dtype, device, f"--dtype {dtype}")
     if device.type == "cuda":
         name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         return DtypeRoute(name, DTYPES[name], "", f"auto on a CUDA GPU: {name}")
     if device.type == "mps":
         return DtypeRoute("float16", torch.float16, "", "auto on Apple MPS: float16")
     if not bundled:
-        return DtypeRoute(
-            "float32", torch.float32, "", "auto on a CPU for a --model other than the bundled one: float32"
-        )
+        return _float("float32", device, "auto on a CPU for a --model other than the bundled one: float32")
     capability = torch.backends.cpu.get_cpu_capability()
     fast = fast_route_for(capability)
     if fast:
         return _quantized(fast, f"auto on a CPU with {capability}: {fast} weights (the GGUF's own 4-bit groups)")
-    return DtypeRoute("float32", torch.float32, "", f"auto on a CPU without AVX2 ({capability}): float32")
+    return _float("float32", device, f"auto on a CPU without AVX2 ({capability}): float32")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -138,8 +146,9 @@ def quantization_note(route: DtypeRoute, dtype_name: str) -> str:
     if not route.quant:
         return "none"
     prefill = (
-        f"a prompt's step of {FLOAT_ROWS} tokens or more runs on the float32 weights, kept for prefill: "
-        "float32's own arithmetic and KV cache for the prompt (decode steps, however many requests share "
+        f"a prompt's step of {FLOAT_ROWS} tokens or more runs on the float32 weights, kept for prefill"
+        + (" (packed for oneDNN, as the float32 route packs them)" if route.packed else "")
+        + ": float32's own arithmetic and KV cache for the prompt (decode steps, however many requests share "
         f"them, stay on the int4 kernel, and so does a step mixing chunked prefills' chunks with decodes of up to "
         f"{mixed_kernel_rows()} rows on this CPU)"
         if route.float_prefill
@@ -169,3 +178,9 @@ def apply_route(model, route: DtypeRoute, progress: Progress = lambda msg: None)
         progress(
             f"{route.quant}: {count} linear layers quantized in {time.perf_counter() - started:.1f} s ({route.reason})"
         )
+    elif route.packed:
+        from model_runner.loading.packed import pack_linears
+
+        started = time.perf_counter()
+        count = pack_linears(model)
+        progress(f"float32: {count} linear layers packed for oneDNN in {time.perf_counter() - started:.1f} s")

@@ -80,7 +80,7 @@ def test_float_weights_kept_for_prefill_are_held_and_read_by_long_calls():
 
     from model_runner.loading import quantize
 
-    model = loader.load("fake", "cpu", "float32").model.base
+    model = loader.load("fake", "cpu", "auto").model.base  # float32 as transformers holds it (not packed)
     quantize.quantize_int4(model, keep_float=True)
     route = loader.DtypeRoute("int4", torch.float32, "int4", "a test", float_prefill=True)
     facts = loader.read_facts(model, "fake", "fake", torch.device("cpu"), route)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from model_runner.loading.packed import PackedLinear
 from model_runner.loading.quantize import (
     FLOAT_ROWS,
     Int4Linear,
@@ -85,11 +86,15 @@ def test_another_thread_never_takes_this_threads_held_outputs():
 
 
 def test_prompt_rows_still_run_each_layers_own_float_weights():
+    """A prompt's rows run each layer's float32 weights as the float32 route runs them (oneDNN's packed copy,
+    packed.PackedLinear), bit for bit: the int4 route's prompt is float32's."""
     grouped = three_layers(bias=True, keep_float=True)
     Int4Siblings(grouped)
+    torch.manual_seed(7)
+    floats = [PackedLinear(torch.randn(out, 64), torch.randn(out)) for out in (128, 64, 64)]  # three_layers' weights
     prompt = torch.randn(1, FLOAT_ROWS, 64)
-    for layer in grouped:
-        assert torch.equal(layer(prompt), nn.functional.linear(prompt, layer.float_weight, layer.bias))
+    for layer, float32 in zip(grouped, floats):
+        assert torch.equal(layer(prompt), float32(prompt))
 
 
 def block_wide_model(siblings: bool) -> nn.Module:
