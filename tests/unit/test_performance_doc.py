@@ -233,9 +233,9 @@ def lone_figures() -> dict[str, str]:
     }
 
 
-def vllm_figures() -> dict[str, str]:
-    """The vLLM paragraph's figures, from the `--anchor vllm` run kept beside the page."""
-    run = bench_file("lone-decode-vllm.json")
+def vllm_figures(name: str = "lone-decode-vllm.json") -> dict[str, str]:
+    """A vLLM paragraph's figures, from the `--anchor vllm` run kept beside the page as `name`."""
+    run = bench_file(name)
     vllm, f32, ratios = run["vllm_anchor"], run["routes"]["float32"], run["ratios"]
     lone = vllm["lone_decode_tokens_per_s"]
     return {
