@@ -108,12 +108,15 @@ def _run_python(gguf: Path, prompts: list[list[int]], new_tokens: int, threads: 
 
 
 def timings(answer: dict) -> dict:
-    """Prefill = prompt sent -> first token; decode tokens/s over the gaps after it."""
+    """Prefill = prompt sent -> first token; decode tokens/s as the engine's routes are taken (1000 / TPOT,
+    bench/clients.py): the tokens after the first over the time from the first to the last, so a stall between
+    tokens counts on both sides of a ratio alike."""
     stamps = answer["stamps_ms"]
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {
         "prefill_ms": stamps[0] if stamps else None,
-        "decode_tokens_per_s": 1000 / median(gaps) if gaps else None,
+        "decode_tokens_per_s": 1000 * len(gaps) / sum(gaps) if gaps else None,
+        "median_gap_ms": median(gaps) if gaps else None,  # a typical token, stalls aside (both sides alike)
         "tokens": len(answer["tokens"]),
     }
 
@@ -140,6 +143,7 @@ def run_anchor(gguf: Path, lone: list[int], repeats: int, quality: list[list[int
         "where": anchor.where,
         "threads": speed.get("threads", threads),
         "lone_decode_tokens_per_s": [m["decode_tokens_per_s"] for m in measured],
+        "typical_token_ms": [m["median_gap_ms"] for m in measured],
         "prefill_ms": [m["prefill_ms"] for m in measured],
         "quality_answers": [a["tokens"] for a in answers],
     }
@@ -228,6 +232,7 @@ def run_vllm_anchor(lone: list[int], batch: list[list[int]], repeats: int, quali
         "ready_s": round(server.ready_s or 0, 1),
         "capacity": capacity["line"] if capacity else None,
         "lone_decode_tokens_per_s": [m["decode_tokens_per_s"] for m in lone_runs],
+        "typical_token_ms": [m["median_gap_ms"] for m in lone_runs],
         "prefill_ms": [m["prefill_ms"] for m in lone_runs],
         "batched_tokens_per_s": [b["tokens_per_s"] for b in batched],
         "quality_answers": answers,
@@ -271,7 +276,7 @@ def llamacpp_beside(args, lone: dict, engine, quality: list[dict], output: int, 
     print("  llama.cpp anchor: the lone prompt, then the quality prompts", file=sys.stderr, flush=True)
     result = run_anchor(find_default_gguf(), ids(lone), repeats, [ids(q) for q in quality], output, quality_tokens,
                         torch.get_num_threads())  # fmt: skip
-    return _summarized(result, ("lone_decode_tokens_per_s", "prefill_ms"), reference)
+    return _summarized(result, ("lone_decode_tokens_per_s", "typical_token_ms", "prefill_ms"), reference)
 
 
 def vllm_beside(args, payloads: list[dict], engine, quality: list[dict], output: int, repeats: int, reference: list,
@@ -288,24 +293,35 @@ def vllm_beside(args, payloads: list[dict], engine, quality: list[dict], output:
     log_path = Path(args.json or "bench-dtypes").with_suffix(".vllm.log")
     result = run_vllm_anchor(ids(payloads[0]), [ids(p) for p in payloads], repeats, [ids(q) for q in quality], output,
                              quality_tokens, log_path)  # fmt: skip
-    return _summarized(result, ("lone_decode_tokens_per_s", "prefill_ms", "batched_tokens_per_s"), reference)
+    keys = ("lone_decode_tokens_per_s", "typical_token_ms", "prefill_ms", "batched_tokens_per_s")
+    return _summarized(result, keys, reference)
 
 
 def llamacpp_ratios(rows: dict, anchor: dict | None) -> dict:
-    """Each route's median lone decode tokens/s over llama.cpp's (separate turns of one run, so medians)."""
+    """Each route's median lone decode tokens/s over llama.cpp's (separate turns of one run, so medians), and
+    the same for a typical token (the median gap between tokens, stalls aside: a stall weighs on tokens/s)."""
     if not anchor or not anchor.get("available"):
         return {}
-    theirs = anchor["lone_decode_tokens_per_s"]["median"]
     report = {}
     for route, row in rows.items():
-        ours = row["lone_decode_tokens_per_s"]["median"]
-        value = ours / theirs if ours and theirs else None
         native = (row.get("decoder") or {}).get("name") == "native"
-        report[f"lone_{route}_over_llamacpp"] = judged(
-            f"lone client: decode tokens/s, {route} / llama.cpp (medians)", spread([value] if value else []), value,
+        report[f"lone_{route}_over_llamacpp"] = _speed_ratio(
+            row, anchor, "lone_decode_tokens_per_s", f"lone client: decode tokens/s, {route} / llama.cpp (medians)",
             NATIVE_ANCHOR_GOAL if native else ANCHOR_GOAL,
         )  # fmt: skip
+        report[f"typical_{route}_over_llamacpp"] = _speed_ratio(
+            row, anchor, "typical_token_ms", f"lone client: a typical token's speed, {route} / llama.cpp", None
+        )
     return report
+
+
+def _speed_ratio(row: dict, anchor: dict, key: str, what: str, goal) -> dict:
+    """Ours over the anchor's, as a speed: tokens/s over tokens/s, or the anchor's time over ours."""
+    ours, theirs = (row.get(key) or {}).get("median"), (anchor.get(key) or {}).get("median")
+    value = None
+    if ours and theirs:
+        value = theirs / ours if key.endswith("_ms") else ours / theirs
+    return judged(what, spread([value] if value else []), value, goal)
 
 
 def vllm_ratios(rows: dict, vllm: dict | None) -> dict:
@@ -316,6 +332,7 @@ def vllm_ratios(rows: dict, vllm: dict | None) -> dict:
     for route, row in rows.items():
         for name, key, what in (
             ("lone", "lone_decode_tokens_per_s", "lone client: decode tokens/s"),
+            ("typical", "typical_token_ms", "lone client: a typical token's time"),
             ("prefill", "prefill_ms", "lone client: prefill time"),
             ("batched", "batched_tokens_per_s", "clients: aggregate tokens/s"),
         ):
@@ -344,7 +361,8 @@ def _agreed(result: dict) -> str:
 def _llamacpp_line(anchor: dict, clients: int) -> str:
     return (
         f"\nllama.cpp anchor ({anchor['engine']}, {anchor['threads']} threads, same GGUF and token ids): lone decode "
-        f"{fmt_num(anchor['lone_decode_tokens_per_s']['median'])} tok/s, prefill "
+        f"{fmt_num(anchor['lone_decode_tokens_per_s']['median'])} tok/s, a typical token "
+        f"{fmt_num((anchor.get('typical_token_ms') or {}).get('median'))} ms, prefill "
         f"{fmt_num(anchor['prefill_ms']['median'])} ms; {_agreed(anchor)}"
     )
 
@@ -352,7 +370,8 @@ def _llamacpp_line(anchor: dict, clients: int) -> str:
 def _vllm_line(vllm: dict, clients: int) -> str:
     return (
         f"\nvLLM anchor ({vllm['engine']}, worker on {vllm['threads'] or '?'} core(s), same weights and token ids, "
-        f"alone on the machine): lone decode {fmt_num(vllm['lone_decode_tokens_per_s']['median'])} tok/s, prefill "
+        f"alone on the machine): lone decode {fmt_num(vllm['lone_decode_tokens_per_s']['median'])} tok/s, a typical "
+        f"token {fmt_num((vllm.get('typical_token_ms') or {}).get('median'))} ms, prefill "
         f"{fmt_num(vllm['prefill_ms']['median'])} ms, {clients} clients "
         f"{fmt_num(vllm['batched_tokens_per_s']['median'])} tok/s; {_agreed(vllm)}; ready after "
         f"{vllm['ready_s']:.0f} s; {vllm['capacity'] or 'no capacity line'}"

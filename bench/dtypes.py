@@ -107,6 +107,7 @@ def _lone(engine, payload: dict, tag: str) -> dict:
         "tpot_ms": record.tpot_ms,
         "decode_tokens_per_s": 1000 / record.tpot_ms if record.tpot_ms else None,
         "step_ms_median": median(steps) if steps else None,
+        "median_gap_ms": median(record.itl_ms) if len(record.token_at) > 1 else None,  # a typical token
     }
 
 
@@ -212,6 +213,7 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
         "lone_decode_tokens_per_s": spread(lone),
         "prefill_ms": spread([r["prefill_ms"] for r in runs["lone"] if r["prefill_ms"] is not None]),
         "step_ms": spread([r["step_ms_median"] for r in runs["lone"] if r["step_ms_median"] is not None]),
+        "typical_token_ms": spread([r["median_gap_ms"] for r in runs["lone"] if r.get("median_gap_ms") is not None]),
         "batched_tokens_per_s": spread(batched),
         "agreement": agreement(answers, reference),
         "runs": runs,

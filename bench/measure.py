@@ -11,6 +11,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from model_runner.protocol.errors import UserError
@@ -22,14 +23,18 @@ from .clients import InProcessClient, WebSocketClient
 
 
 def machine_info(facts) -> dict[str, Any]:
-    """What every report records about where it ran: platform, processor, threads, library versions, the
-    device, and the load average at the start (the run adds the one at its end)."""
+    """What every report records about where it ran: platform, the CPU's model name and vector flags, torch's
+    kernel capability, threads, library versions, the device, and the load average at the start (the run adds
+    the one at its end)."""
     import torch
     import transformers
 
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
+        "cpu_flags": isa_flags(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -39,6 +44,29 @@ def machine_info(facts) -> dict[str, Any]:
         "device_name": facts.device_name,
         "load_average_start": load_average(),
     }
+
+
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (a figure from one CPU is not another's)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def isa_flags() -> list[str]:
+    """The CPU's vector and matrix extensions as /proc/cpuinfo lists them (avx*, amx*, fma, f16c)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    except OSError:
+        pass
+    return []
 
 
 def load_average() -> list[float] | None:

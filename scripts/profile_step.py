@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -19,27 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def isa_flags() -> list[str]:
-    """The CPU's vector and matrix extensions as /proc/cpuinfo lists them (avx*, amx*, fma, f16c)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
-    except OSError:
-        pass
-    return []
+from bench.measure import cpu_name, isa_flags  # noqa: E402
 
 
 def engine_for(dtype: str, decoder: str):

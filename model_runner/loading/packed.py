@@ -54,8 +54,8 @@ class PackedLinear(nn.Module):
 
 def lay_in_major(weight: nn.Parameter) -> None:
     """Store a float32 [out, in] parameter as its transpose's contiguous bytes, viewed back as [out, in]: the same
-    values and shape (an embedding still looks up its rows), read input-major by a matmul, which torch's float32
-    matmul runs at one row at twice the row-major speed on the AMD EPYC measured (docs/performance.md)."""
+    values and shape (an embedding still looks up its rows), read input-major by a matmul: torch's float32
+    matmul read a head so about twice as fast at one row on the AMD EPYC timed (docs/performance.md says how)."""
     with torch.no_grad():
         weight.data = weight.data.t().contiguous().t()
 

@@ -137,6 +137,14 @@ def test_a_phone_gets_one_scrolling_column_with_nothing_cut_off(page, class_serv
     assert console_errors == []
 
 
+# Whether the lanes drawn and the "+N more not shown" count add up to `n` requests.
+EVERY_REQUEST_COUNTED = """(n) => {
+  const more = document.querySelector('[data-lanes-more]');
+  const hidden = parseInt((more ? more.textContent : '').trim().split(/\\s+/)[0].replace('+', ''), 10) || 0;
+  return document.querySelectorAll('.cv-lane').length + hidden === n;
+}"""
+
+
 def test_lanes_that_do_not_fit_are_counted_not_cut(page, class_server, console_errors):
     open_teacher_view(page, class_server, PROJECTORS[0])
     page.locator('[data-control="pause"]').click()  # every request waits: lanes only, no answer ends them
@@ -146,6 +154,7 @@ def test_lanes_that_do_not_fit_are_counted_not_cut(page, class_server, console_e
         for i, c in enumerate(clients):
             c.generate(f"many{i}", max_new_tokens=4)
         expect(page.locator("[data-lanes-more]")).to_contain_text("more not shown", timeout=10_000)
+        page.wait_for_function(EVERY_REQUEST_COUNTED, arg=len(clients), timeout=10_000)  # the last may still come
         assert outside(page) == []
         rows = page.locator(".cv-lane").count()
         more = int(page.locator("[data-lanes-more]").inner_text().split()[0].lstrip("+"))

@@ -45,10 +45,13 @@ def test_another_version_than_the_pinned_one_is_refused(tmp_path, monkeypatch, n
 def test_stamps_become_prefill_and_decode_speed():
     got = anchor.timings({"tokens": [5, 6, 7], "stamps_ms": [120.0, 140.0, 160.0, 190.0]})
     assert got["prefill_ms"] == 120.0 and got["tokens"] == 3
-    assert got["decode_tokens_per_s"] == pytest.approx(1000 / 20)  # the median gap, 20 ms
+    # the engine's own statistic (1000 / TPOT): 3 gaps in 70 ms, the 30 ms stall counted (the median gap: 20)
+    assert got["decode_tokens_per_s"] == pytest.approx(1000 * 3 / 70)
+    assert got["median_gap_ms"] == 20.0  # a typical token, the stall aside
     assert anchor.timings({"tokens": [], "stamps_ms": []}) == {
         "prefill_ms": None,
         "decode_tokens_per_s": None,
+        "median_gap_ms": None,
         "tokens": 0,
     }
 
@@ -70,3 +73,17 @@ def test_the_dtypes_run_reports_why_the_anchor_did_not_run(tmp_path, capsys):
     assert "prefill_auto_over_float32" in report["ratios"]
     assert not any(key.endswith("_over_llamacpp") for key in report["ratios"])
     assert "llama.cpp anchor: not run: the llama.cpp anchor runs the bundled GGUF only" in capsys.readouterr().out
+
+
+def test_a_route_is_set_beside_llama_cpp_by_tokens_per_second_and_by_a_typical_token():
+    """Both sides by the same two statistics: tokens/s over the whole answer (a stall counts) and the median
+    gap between tokens (a typical token); a speed ratio either way, above 1 where ours is faster."""
+    row = {"lone_decode_tokens_per_s": {"median": 100.0}, "typical_token_ms": {"median": 9.0},
+           "decoder": {"name": "native"}}  # fmt: skip
+    theirs = {"available": True, "lone_decode_tokens_per_s": {"median": 50.0}, "typical_token_ms": {"median": 8.1}}
+    ratios = anchor.llamacpp_ratios({"auto:native": row}, theirs)
+    assert ratios["lone_auto:native_over_llamacpp"]["value"] == pytest.approx(2.0)
+    assert ratios["typical_auto:native_over_llamacpp"]["value"] == pytest.approx(0.9)  # their 8.1 ms over our 9
+    assert ratios["typical_auto:native_over_llamacpp"]["target"] is None
+    older = {"available": True, "lone_decode_tokens_per_s": {"median": 50.0}}  # a file from before the statistic
+    assert anchor.llamacpp_ratios({"auto:native": row}, older)["typical_auto:native_over_llamacpp"]["value"] is None

@@ -10,6 +10,7 @@ import io
 import json
 
 import pytest
+import torch
 
 from bench.report import validate
 from bench.structured import CASES, CHOICES, SCHEMA_OUT, parses
@@ -34,6 +35,9 @@ def test_the_structured_run_writes_json_that_passes_its_schema(structured_report
     assert report["settings"]["concurrency"] == [1, 3] and report["settings"]["repeats"] == 2
     machine = report["machine"]
     assert machine["torch_threads"] >= 1 and machine["cpu_count"] >= 1
+    # which CPU and kernels the figures are of: its model name, its vector flags, torch's capability
+    assert machine["cpu"] and machine["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(machine["cpu_flags"], list)
     assert "load_average_start" in machine and "load_average_end" in machine
 
 

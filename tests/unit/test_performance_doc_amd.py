@@ -16,8 +16,6 @@ DOC = (ROOT / "docs/performance.md").read_text(encoding="utf-8")
 BENCH = ROOT / "docs/bench"
 ROUTES = {"float32": "float32", "default route": "int4"}  # the table's route → the files' name part
 CASES = [("float32", "AVX-512"), ("float32", "AVX2"), ("default route", "AVX-512")]
-FLOAT32_BYTES = (106_168_320 + 28_311_552) * 4  # the layers' and the tied head's float32 weights (cost golden)
-INT4_BYTES = 66_355_200  # the int4 layers' packed weights and scales a decode step reads (cost golden)
 
 pytestmark = pytest.mark.unit
 
@@ -63,21 +61,16 @@ def amd_figures() -> dict[str, str]:
     f32 = {w: profile("float32", "AVX-512", w) for w in ("before", "after")}
     avx2 = {w: profile("float32", "AVX2", w) for w in ("before", "after")}
     int4 = {w: profile("default route", "AVX-512", w) for w in ("before", "after")}
-    gbs = FLOAT32_BYTES / self_ms(f32["before"], MM) / 1e6
-    int4_gbs = INT4_BYTES / self_ms(int4["after"], INT4) / 1e6
     a, v = bench_file("amd-lone-decode-llamacpp.json"), bench_file("amd-lone-decode-vllm.json")
     native, llama = a["routes"]["auto:native"]["lone_decode_tokens_per_s"], a["anchor"]["lone_decode_tokens_per_s"]
-    ratio = a["ratios"]["lone_auto:native_over_llamacpp"]["value"]
+    typical = a["anchor"]["typical_token_ms"]["median"]
     return {
         **vllm_figures("amd-lone-decode-vllm.json"),
         "flags": ", ".join(f32["after"]["cpu_flags"]),
         "amd_rows": "\n".join(rows),
         "mm_before": f"{self_ms(f32['before'], MM):.2f}",
-        "gbs": f"{gbs:.1f}",
-        "int4_speed": f"{int4_gbs / gbs:.1f}",
         "mm_after": f"{self_ms(f32['after'], PACKED):.2f}",
         "head_after": f"{self_ms(f32['after'], MM):.2f}",
-        "head_gbs": f"{28_311_552 * 4 / self_ms(f32['after'], MM) / 1e6:.0f}",
         "f32_before": f"{median_step(f32['before']):.2f}",
         "f32_after": f"{median_step(f32['after']):.2f}",
         "f32_change": change(median_step(f32["after"]), median_step(f32["before"])),
@@ -103,10 +96,16 @@ def amd_figures() -> dict[str, str]:
         "a_llama": f"{llama['median']:.1f}",
         "a_llama_lo": f"{llama['min']:.1f}",
         "a_llama_hi": f"{llama['max']:.1f}",
-        "a_ratio": f"{ratio:.2f}×",
-        "a_short": f"{(1.2 / ratio - 1) * 100:.0f} %",
-        "v_short": f"{(1 / v['ratios']['lone_float32_over_vllm']['value'] - 1) * 100:.0f} %",
-        "v_native": f"{v['routes']['auto:native']['lone_decode_tokens_per_s']['median']:.1f}",
+        "a_llama_typical": f"{typical:.2f}",
+        "a_typical": f"{a['routes']['auto:native']['typical_token_ms']['median']:.2f}",
+        "a_stall": f"{(1 - llama['median'] / (1000 / typical)) * 100:.0f} %",
+        "a_ratio": f"{a['ratios']['lone_auto:native_over_llamacpp']['value']:.2f}×",
+        "a_typical_ratio": f"{a['ratios']['typical_auto:native_over_llamacpp']['value']:.2f}×",
+        "v_typical": f"{v['vllm_anchor']['typical_token_ms']['median']:.2f}",
+        "f_typical": f"{v['routes']['float32']['typical_token_ms']['median']:.2f}",
+        "v_short": f"{(1 / v['ratios']['lone_float32_over_vllm']['value'] - 1) * 100:.1f} %",
+        "b_ratio": f"{v['ratios']['lone_auto:native_over_llamacpp']['value']:.2f}×",
+        "b_typical_ratio": f"{v['ratios']['typical_auto:native_over_llamacpp']['value']:.2f}×",
     }
 
 
@@ -121,7 +120,6 @@ def test_the_section_is_its_template_filled_from_the_kept_files():
 
 
 def test_what_the_section_says_of_its_figures_holds_in_the_files():
-    figures = amd_figures()
     for route, kernels in CASES:
         before, after = profile(route, kernels, "before"), profile(route, kernels, "after")
         assert median_step(after) < median_step(before)  # faster after, on every kernel path
@@ -136,12 +134,15 @@ def test_what_the_section_says_of_its_figures_holds_in_the_files():
     int4 = profile("default route", "AVX-512", "after")
     assert abs(self_ms(int4, INT4) - self_ms(profile("default route", "AVX-512", "before"), INT4)) < 0.05  # untouched
     a, v = bench_file("amd-lone-decode-llamacpp.json"), bench_file("amd-lone-decode-vllm.json")
-    assert (
-        a["ratios"]["lone_auto:native_over_llamacpp"]["value"] < 1.2
-        and v["ratios"]["lone_float32_over_vllm"]["value"] < 1.0
-    )  # both targets missed, as the section says
+    lone, typical = (a["ratios"][f"{k}_auto:native_over_llamacpp"]["value"] for k in ("lone", "typical"))
+    assert lone > 1.2 > 1 > typical  # "over the 1.2× target" by tokens/s, "under it" by a typical token
+    later, later_typical = (v["ratios"][f"{k}_auto:native_over_llamacpp"]["value"] for k in ("lone", "typical"))
+    assert abs(later - lone) > 0.1 and abs(later_typical - typical) < 0.05  # "the first moves, the second held"
+    vllm = v["ratios"]["lone_float32_over_vllm"]
+    assert vllm["value"] < 1.0 and vllm["target"] is None  # vLLM faster; "the bench sets no target"
     assert v["vllm_anchor"]["threads"] == 1 and v["machine"]["torch_threads"] == 2  # "on twice its cores"
-    assert v["started_at"] > a["started_at"]  # "after it"
-    assert float(figures["v_native"]) < float(figures["a_native"])  # "our routes ran slower in that run"
+    assert v["started_at"] > a["started_at"] and v["command"] == a["command"]  # "right after it, the same command"
+    flags = profile("float32", "AVX-512", "after")["cpu_flags"]
     for run in (a, v):
         assert "oneDNN" in run["routes"]["float32"]["facts"]["dtype_reason"]  # both runs on the packed weights
+        assert run["machine"]["cpu"] == "AMD EPYC" and run["machine"]["cpu_flags"] == flags  # the profiles' CPU
