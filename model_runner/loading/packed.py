@@ -55,7 +55,8 @@ class PackedLinear(nn.Module):
 def lay_in_major(weight: nn.Parameter) -> None:
     """Store a float32 [out, in] parameter as its transpose's contiguous bytes, viewed back as [out, in]: the same
     values and shape (an embedding still looks up its rows), read input-major by a matmul: torch's float32
-    matmul read a head so about twice as fast at one row on the AMD EPYC timed (docs/performance.md says how)."""
+    matmul read a head so about twice as fast at one row on an AMD EPYC, in a timing made while choosing it
+    (not kept; docs/performance.md has the step's times before and after)."""
     with torch.no_grad():
         weight.data = weight.data.t().contiguous().t()
 

@@ -56,6 +56,8 @@ def open_page(page, server, hash_="", serving_text: str | None = None):
     page.goto(server.url + "/" + hash_)
     expect(page.locator(".wt-figure")).to_have_attribute("data-source", "recorded")
     expect(page.locator('[data-ctx="recorded-on"]')).not_to_have_text("–")
+    if hash_.startswith("#serving"):  # the serving stages' sentences are drawn once its recording has loaded
+        expect(page.locator(".sv-figure")).to_have_attribute("data-recording", "loaded")
 
 
 def step(page, stage: str) -> str:

@@ -63,7 +63,7 @@ def amd_figures() -> dict[str, str]:
     int4 = {w: profile("default route", "AVX-512", w) for w in ("before", "after")}
     a, v = bench_file("amd-lone-decode-llamacpp.json"), bench_file("amd-lone-decode-vllm.json")
     native, llama = a["routes"]["auto:native"]["lone_decode_tokens_per_s"], a["anchor"]["lone_decode_tokens_per_s"]
-    typical = a["anchor"]["typical_token_ms"]["median"]
+    typical, later_typical = (run["anchor"]["typical_token_ms"]["median"] for run in (a, v))
     return {
         **vllm_figures("amd-lone-decode-vllm.json"),
         "flags": ", ".join(f32["after"]["cpu_flags"]),
@@ -100,12 +100,14 @@ def amd_figures() -> dict[str, str]:
         "a_typical": f"{a['routes']['auto:native']['typical_token_ms']['median']:.2f}",
         "a_stall": f"{(1 - llama['median'] / (1000 / typical)) * 100:.0f} %",
         "a_ratio": f"{a['ratios']['lone_auto:native_over_llamacpp']['value']:.2f}×",
-        "a_typical_ratio": f"{a['ratios']['typical_auto:native_over_llamacpp']['value']:.2f}×",
+        "a_typical_ratio": f"{typical / a['routes']['auto:native']['typical_token_ms']['median']:.2f}×",
         "v_typical": f"{v['vllm_anchor']['typical_token_ms']['median']:.2f}",
         "f_typical": f"{v['routes']['float32']['typical_token_ms']['median']:.2f}",
         "v_short": f"{(1 / v['ratios']['lone_float32_over_vllm']['value'] - 1) * 100:.1f} %",
         "b_ratio": f"{v['ratios']['lone_auto:native_over_llamacpp']['value']:.2f}×",
-        "b_typical_ratio": f"{v['ratios']['typical_auto:native_over_llamacpp']['value']:.2f}×",
+        "b_typical_ratio": f"{later_typical / v['routes']['auto:native']['typical_token_ms']['median']:.2f}×",
+        "b_stall": f"{(1 - v['anchor']['lone_decode_tokens_per_s']['median'] / (1000 / later_typical)) * 100:.0f} %",
+        "b_native": f"{v['routes']['auto:native']['lone_decode_tokens_per_s']['median']:.1f}",
     }
 
 
@@ -135,9 +137,10 @@ def test_what_the_section_says_of_its_figures_holds_in_the_files():
     assert abs(self_ms(int4, INT4) - self_ms(profile("default route", "AVX-512", "before"), INT4)) < 0.05  # untouched
     a, v = bench_file("amd-lone-decode-llamacpp.json"), bench_file("amd-lone-decode-vllm.json")
     lone, typical = (a["ratios"][f"{k}_auto:native_over_llamacpp"]["value"] for k in ("lone", "typical"))
-    assert lone > 1.2 > 1 > typical  # "over the 1.2× target" by tokens/s, "under it" by a typical token
+    assert lone > 1.2 > 1 > typical  # "over the 1.2× target in this run" by tokens/s; a typical token under 1
+    assert a["ratios"]["typical_auto:native_over_llamacpp"]["target"] is None  # "which the target does not cover"
     later, later_typical = (v["ratios"][f"{k}_auto:native_over_llamacpp"]["value"] for k in ("lone", "typical"))
-    assert abs(later - lone) > 0.1 and abs(later_typical - typical) < 0.05  # "the first moves, the second held"
+    assert later < 1.2 < lone and abs(later_typical - typical) < 0.05  # "not in the next", "the second held"
     vllm = v["ratios"]["lone_float32_over_vllm"]
     assert vllm["value"] < 1.0 and vllm["target"] is None  # vLLM faster; "the bench sets no target"
     assert v["vllm_anchor"]["threads"] == 1 and v["machine"]["torch_threads"] == 2  # "on twice its cores"
