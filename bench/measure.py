@@ -48,25 +48,24 @@ def machine_info(facts) -> dict[str, Any]:
 
 def cpu_name() -> str:
     """The CPU's model name as /proc/cpuinfo gives it (a figure from one CPU is not another's)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
+    return _cpuinfo("model name") or platform.processor() or "?"
 
 
 def isa_flags() -> list[str]:
     """The CPU's vector and matrix extensions as /proc/cpuinfo lists them (avx*, amx*, fma, f16c)."""
+    flags = (_cpuinfo("flags") or "").split()
+    return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `field`, or None where there is none (not Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return []
+    return None
 
 
 def load_average() -> list[float] | None:

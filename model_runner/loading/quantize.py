@@ -353,6 +353,6 @@ def weight_count_and_bytes(model: nn.Module) -> tuple[int, int]:
             if t is not None:
                 tensors[t.data_ptr()] = t
         packed = layer.packed if isinstance(layer, PackedLinear) else getattr(layer, "float_weight", None)
-        if packed is not None and packed.is_mkldnn:
-            tensors[("packed", id(packed))] = packed
+        if packed is not None:  # oneDNN's opaque tensor has no storage to key by; without oneDNN, the weight
+            tensors[("packed", id(packed)) if packed.is_mkldnn else packed.data_ptr()] = packed
     return count, sum(t.numel() * t.element_size() for t in tensors.values())

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from model_runner.loading import loader
+from model_runner.loading import packed as packed_module
 from model_runner.loading.packed import PackedLinear, available, lay_in_major, pack_linears
 from model_runner.loading.quantize import weight_count_and_bytes
 from model_runner.loading.routes import fake_route, resolve_route
@@ -64,11 +65,15 @@ def test_the_float32_route_packs_every_layer_but_the_head_and_counts_the_same_we
         assert torch.allclose(model(ids).logits, reference(ids).logits, **TOLERANCE)
 
 
-def test_weights_are_counted_once_whatever_holds_them():
+@pytest.mark.parametrize("onednn", [True, False])
+def test_weights_are_counted_once_whatever_holds_them(monkeypatch, onednn):
+    """oneDNN's opaque copy, or without oneDNN the weight itself, in place of the layer's parameter."""
+    monkeypatch.setattr(packed_module, "available", lambda device: onednn and device.type == "cpu")
     model = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 16, bias=False))
     model.get_output_embeddings = lambda: None
     params, size = weight_count_and_bytes(model)
     assert pack_linears(model) == 2
+    assert model[0].packed.is_mkldnn == onednn
     assert weight_count_and_bytes(model) == (params, size)
 
 
