@@ -47,15 +47,16 @@ def _projections(layer) -> list:
     """One decoder layer's linear projections in the order the model calls them (q, k, v, o, gate, up, down)."""
     from torch import nn
 
+    from model_runner.loading.packed import PackedLinear
     from model_runner.loading.quantize import QUANTIZED
 
-    return [m for m in layer.modules() if isinstance(m, (nn.Linear, *QUANTIZED))]
+    return [m for m in layer.modules() if isinstance(m, (nn.Linear, PackedLinear, *QUANTIZED))]
 
 
 def _step_calls(projections: list, x) -> list[tuple]:
     """A layer's projections as the step calls them: [(function, input width)], one joined call a sibling group
-    that joins at these rows (loading/quantize.py Int4Siblings.joined: not on the float weights a prompt takes),
-    else each module's own forward."""
+    that joins at these rows (loading/quantize.py Int4Siblings.joined: not on the float weights a prompt takes;
+    loading/packed.py PackedSiblings: at any rows), else each module's own forward."""
     calls, seen = [], set()
     for module in projections:
         siblings = getattr(module, "siblings", None)

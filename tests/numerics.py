@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Units in the last place (of the dtype, at the logits' magnitude) a logit may move when its sums are taken
 # in another order. float32: 64, for the reordered sums of every layer (measured worst, the bundled model
@@ -95,3 +96,15 @@ def assert_same_choices(got: list[dict], want: list[dict], tolerance: float) -> 
         probs = torch.tensor([a["prob"]] + [c["prob"] for c in a["candidates"]])
         expected = torch.tensor([b["prob"]] + [c["prob"] for c in b["candidates"]])
         torch.testing.assert_close(probs, expected, rtol=0, atol=2 * tolerance)
+
+
+class CountCalls(TorchDispatchMode):
+    """Counts this thread's calls of one aten op (a kernel) while active: `with CountCalls(op) as counted:`."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.calls = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is self.op
+        return func(*args, **(kwargs or {}))

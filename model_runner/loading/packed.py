@@ -1,13 +1,16 @@
 """float32 linear layers on oneDNN's packed weights, for the CPU's float32 matmuls: each weight is reordered
 once, at load, into the blocked layout oneDNN's matmul reads (what vLLM's CPU backend and inductor's frozen
 graphs do with the same library), then every call is torch's mkldnn linear on it; and the tied head's weight laid
-input-major, where torch's float32 matmul at one row is faster. Rounding differs from the unpacked call (another
-order of the same sums), so the float32 route and the int4 route's prompts use it alike."""
+input-major, where torch's float32 matmul at one row is faster; siblings that read one input (q, k, v; gate, up)
+share one call on their weights packed side by side. Rounding differs from the unpacked call (another order of
+the same sums), so the float32 route and the int4 route's prompts use it alike."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from model_runner.loading.siblings import Siblings, sibling_groups
 
 KERNEL_NOTE = "float32 matmuls on oneDNN's packed weights (reordered once at load)"
 
@@ -41,15 +44,83 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.packed = pack(weight)
+        self.packed: torch.Tensor | None = pack(weight)  # None once its PackedSiblings holds its rows
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.out_features, self.in_features = weight.shape
+        self.siblings: PackedSiblings | None = None
+        self.sibling_index = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.siblings is not None:
+            return self.siblings.output(x, self.sibling_index).reshape(*x.shape[:-1], self.out_features)
         return packed_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float32 on oneDNN's packed weights"
+
+
+class PackedSiblings(Siblings):
+    """PackedLinear layers that read one input (q, k and v; gate and up) as one oneDNN call on their weights
+    packed side by side: the joined packed tensor replaces each layer's own (nothing held twice), and their
+    biases are joined with it. One wider call costs less than several narrow ones at a decode step's row (q, k
+    and v in 0.43x the three calls' time, gate and up in 0.60x, one row, two threads, AVX-512 on an AMD EPYC;
+    docs/performance.md has the step's times). Each output is still its own sum over the same inputs, so the
+    joined call gives the separate calls' bits: `joins_exactly` checks that on this CPU before joining."""
+
+    def __init__(self, layers: list[PackedLinear], weights: list[torch.Tensor]):
+        super().__init__()
+        self.layers, self.widths = layers, [layer.out_features for layer in layers]
+        self.packed = pack(torch.cat(weights))
+        self.bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        start = 0
+        for layer in layers:
+            layer.packed = None
+            if self.bias is not None:  # each layer's bias a view of its own part: the bytes held once
+                layer.bias = self.bias[start : start + layer.out_features]
+            start += layer.out_features
+        self.attach()
+
+    def call(self, flat: torch.Tensor) -> torch.Tensor:
+        return packed_linear(flat, self.packed, self.bias)
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """Every sibling's output for x [..., in] at once, [..., Σ out_features], side by side in sibling order."""
+        return packed_linear(x, self.packed, self.bias)
+
+    def joins(self, flat: torch.Tensor) -> bool:
+        return True  # one call at any row count
+
+
+PROBE_ROWS = (1, 4, 16, 64)  # a decode step's rows, a small batch's, a prompt's
+
+
+def joins_exactly(layers: list[PackedLinear], weights: list[torch.Tensor]) -> bool:
+    """Whether PackedSiblings of these layers would give each layer's own outputs bit for bit, on this CPU's
+    oneDNN kernels, at PROBE_ROWS rows: one input width, all biased or none, and the same sums measured."""
+    if len({layer.in_features for layer in layers}) > 1 or len({layer.bias is None for layer in layers}) > 1:
+        return False
+    joined = pack(torch.cat(weights))
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    for rows in PROBE_ROWS:
+        probe = torch.linspace(-1, 1, rows * layers[0].in_features).reshape(rows, -1)
+        alone = torch.cat([layer(probe) for layer in layers], dim=-1)
+        if not torch.equal(alone, packed_linear(probe, joined, bias)):
+            return False
+    return True
+
+
+def join_siblings(model: nn.Module, weights: dict[int, torch.Tensor]) -> int:
+    """Join each module's PackedLinear siblings into one PackedSiblings where `joins_exactly`; `weights` maps
+    each PackedLinear's id to its float32 weight (the packed copy cannot be read back); returns how many groups."""
+    groups = 0
+    for layers in sibling_groups(model):
+        if not all(type(layer) is PackedLinear and layer.siblings is None for layer in layers):
+            continue
+        own = [weights[id(layer)] for layer in layers]
+        if joins_exactly(layers, own):
+            PackedSiblings(layers, own)
+            groups += 1
+    return groups
 
 
 def lay_in_major(weight: nn.Parameter) -> None:
@@ -62,16 +133,19 @@ def lay_in_major(weight: nn.Parameter) -> None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """The float32 route on a CPU, in place: every float32 nn.Linear but the head becomes a PackedLinear; the
-    head keeps its (usually the embedding's) weight, laid input-major; returns how many layers were packed."""
+    """The float32 route on a CPU, in place: every float32 nn.Linear but the head becomes a PackedLinear, and
+    siblings that read one input share one call (join_siblings); the head keeps its (usually the embedding's)
+    weight, laid input-major; returns how many layers were packed."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    count = 0
+    weights = {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child is head or type(child) is not nn.Linear or child.weight.dtype != torch.float32:
                 continue
-            setattr(parent, name, PackedLinear(child.weight, child.bias))
-            count += 1
+            layer = PackedLinear(child.weight, child.bias)
+            weights[id(layer)] = child.weight.detach()
+            setattr(parent, name, layer)
+    join_siblings(model, weights)
     if isinstance(head, nn.Linear) and head.weight.dtype == torch.float32:
         lay_in_major(head.weight)
-    return count
+    return len(weights)

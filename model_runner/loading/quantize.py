@@ -7,13 +7,13 @@ leading candidates scored again exactly against the float32 embedding."""
 from __future__ import annotations
 
 import contextvars
-import threading
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from model_runner.loading.packed import PackedLinear, pack, packed_linear
+from model_runner.loading.siblings import Siblings, sibling_groups
 
 MM_DTYPE = torch.bfloat16  # the activation dtype the int4/int8 kernels are fast with (fp32, fp16 take slow paths)
 GROUP = 32  # int4: inputs per scale and zero (the GGUF's Q4_1 block)
@@ -160,7 +160,7 @@ def decode_kernel(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
-class Int4Siblings:
+class Int4Siblings(Siblings):
     """Int4Linear layers that read the same input (q, k and v; gate and up) run as one int4 call: their packed
     weights and scales become one tensor each and each layer's buffers views of its own rows (nothing held
     twice); the first sibling called with an input computes all their outputs, the others take theirs. Bit
@@ -169,60 +169,36 @@ class Int4Siblings:
     docs/history/2026-12-02-performance.md, "Less work per token outside the matmuls")."""
 
     def __init__(self, layers: list[Int4Linear]):
+        super().__init__()
         self.weight = torch.cat([layer.weight for layer in layers])  # packed rows: one per output
         self.scales_zeros = torch.cat([layer.scales_zeros for layer in layers], dim=1)  # [in/32, out, 2]
         self.widths = [layer.out_features for layer in layers]
         self.layers = layers
         self.biased = any(layer.bias is not None for layer in layers)
         start = 0
-        for index, layer in enumerate(layers):
+        for layer in layers:
             end = start + layer.out_features
             layer.weight = self.weight[start:end]
             # A strided view, so the bytes are counted once: the kernel reads only the whole, contiguous tensor.
             layer.scales_zeros = self.scales_zeros[:, start:end]
-            layer.siblings, layer.sibling_index = self, index
             start = end
-        self._held = _HeldOutputs()
+        self.attach()
+
+    def call(self, flat: torch.Tensor) -> torch.Tensor:
+        return int4_mm(flat, self.weight, self.scales_zeros, flat.dtype)
 
     def joined(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every sibling's output for x at once, [rows, Σ out_features], side by side in sibling order: the one
         int4 call their forwards share, bit for bit (the native step, local/model/native.py, takes it whole). None
         where the forwards would not make that call: a prompt's rows on the float weights, or biases to add."""
         flat = _rows(x, x.shape[-1])
-        if not self.joins(flat):
-            return None
-        return int4_mm(flat, self.weight, self.scales_zeros, x.dtype)
+        return self.call(flat) if self.joins(flat) else None
 
     def joins(self, flat: torch.Tensor) -> bool:
         """Whether `joined` makes its one call for these rows [rows, in] (not biased, not a prompt's float rows)."""
         return not self.biased and not on_float_weights(self.layers[0], flat)
 
-    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Sibling `index`'s output for x as [rows, its out_features], computed with its siblings' on the first
-        call for this input tensor. The siblings are called back to back on the same tensor by the model's
-        attention and MLP modules; a new tensor (the next layer, the next step) is a new call."""
-        held = self._held
-        if held.input is not x:
-            held.input, held.outputs = None, ()  # never a stale output, even if the call below fails
-            fused = int4_mm(_rows(x, x.shape[-1]), self.weight, self.scales_zeros, x.dtype)
-            held.input, held.outputs, held.untaken = x, fused.split(self.widths, dim=-1), len(self.widths)
-        out = held.outputs[index]
-        held.untaken -= 1
-        if held.untaken == 0:  # every sibling has its output: hold no tensor until the next input
-            held.input, held.outputs = None, ()
-        return out
 
-
-class _HeldOutputs(threading.local):
-    """An Int4Siblings group's last input and outputs, per thread: the speculative experiment runs the same
-    modules on a request's thread beside the engine's worker, and neither may take the other's output."""
-
-    input: torch.Tensor | None = None
-    outputs: tuple[torch.Tensor, ...] = ()
-    untaken = 0
-
-
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # transformers' names for them
 PACK_BLOCK = 64  # output rows a packed block holds at most (64 on AVX-512, 32 on AVX2)
 
 
@@ -244,14 +220,12 @@ def _joinable(layers: list) -> bool:
 
 
 def group_siblings(model: nn.Module) -> int:
-    """Join each module's SIBLINGS into one Int4Siblings where they are _joinable; returns how many groups."""
+    """Join each module's siblings (loading/siblings.py) into one Int4Siblings where they are _joinable; returns how many groups."""
     groups = 0
-    for module in model.modules():
-        for names in SIBLINGS:
-            layers = [getattr(module, name, None) for name in names]
-            if _joinable(layers):
-                Int4Siblings(layers)
-                groups += 1
+    for layers in sibling_groups(model):
+        if _joinable(layers):
+            Int4Siblings(layers)
+            groups += 1
     return groups
 
 
@@ -353,6 +327,8 @@ def weight_count_and_bytes(model: nn.Module) -> tuple[int, int]:
             if t is not None:
                 tensors[t.data_ptr()] = t
         packed = layer.packed if isinstance(layer, PackedLinear) else getattr(layer, "float_weight", None)
+        if isinstance(layer, PackedLinear) and packed is None:
+            packed = layer.siblings.packed  # the group's joined weights (packed.PackedSiblings), once by identity
         if packed is not None:  # oneDNN's opaque tensor has no storage to key by; without oneDNN, the weight
             tensors[("packed", id(packed)) if packed.is_mkldnn else packed.data_ptr()] = packed
     return count, sum(t.numel() * t.element_size() for t in tensors.values())

@@ -359,7 +359,12 @@ def test_turning_show_prompts_off_withdraws_the_text_of_requests_still_in_flight
     laptop.ws.wait_for(lambda s: any(e["type"] == "queued" for e in s), "held queued")
     teacher.post("/api/class/settings", json={"show_prompts": False, "paused": False}, headers=TEACHER)
     assert laptop.ws.end_of("held")["type"] == "finished"
-    events = list(iter(lambda: feed.next_event(0), None))
+    events = []  # the laptop's terminal event may come before the feed's engine_end: wait for that one
+    while not any(e["type"] == "engine_end" for e in events):
+        event = feed.next_event(10)
+        assert event is not None, f"no engine_end on the feed after {[e['type'] for e in events]}"
+        events.append(event)
+    events += list(iter(lambda: feed.next_event(0), None))
     feed.close()
     submitted = [e for e in events if e["type"] == "engine_submit"]
     assert len(submitted) == 1 and submitted[0]["prompt"] == "secret held"  # sent while it was on

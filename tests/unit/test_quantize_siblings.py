@@ -9,8 +9,8 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+from numerics import CountCalls
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from model_runner.loading.packed import PackedLinear
@@ -27,16 +27,6 @@ from model_runner.loading.quantize import (
 INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 
-class CountInt4Calls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += func is INT4_MM
-        return func(*args, **(kwargs or {}))
-
-
 def three_layers(bias: bool, keep_float: bool = False) -> list[Int4Linear]:
     torch.manual_seed(7)
     return [Int4Linear(torch.randn(out, 64), torch.randn(out) if bias else None, keep_float) for out in (128, 64, 64)]
@@ -48,7 +38,7 @@ def test_siblings_give_the_separate_calls_outputs_bit_for_bit(bias, rows):
     separate, grouped = three_layers(bias), three_layers(bias)
     Int4Siblings(grouped)
     x = torch.randn(1, rows, 64)
-    with CountInt4Calls() as counted:
+    with CountCalls(INT4_MM) as counted:
         got = [layer(x) for layer in grouped]
     assert counted.calls == 1
     assert all(torch.equal(g, s(x)) for g, s in zip(got, separate))
@@ -73,7 +63,7 @@ def test_another_thread_never_takes_this_threads_held_outputs():
     seen = {}
 
     def other_thread():
-        with CountInt4Calls() as counted:  # a dispatch mode counts its own thread's calls
+        with CountCalls(INT4_MM) as counted:  # a dispatch mode counts its own thread's calls
             seen["out"] = grouped[1](x)
         seen["calls"] = counted.calls
 
@@ -117,7 +107,7 @@ def block_wide_model(siblings: bool) -> nn.Module:
 
 def logits_and_int4_calls(model: nn.Module, tokens: int, decode: bool) -> tuple[torch.Tensor, int]:
     ids = torch.arange(3, 3 + tokens)[None]
-    with torch.inference_mode(), kernel_step() if decode else nullcontext(), CountInt4Calls() as counted:
+    with torch.inference_mode(), kernel_step() if decode else nullcontext(), CountCalls(INT4_MM) as counted:
         logits = model(input_ids=ids, use_cache=False).logits
     return logits, counted.calls
 

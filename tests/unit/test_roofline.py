@@ -165,6 +165,15 @@ def test_the_models_own_kernels_are_timed(int4):
     )
 
 
+def test_the_float32_routes_packed_projections_are_timed_in_their_joined_calls():
+    """The float32 route's layers are oneDNN PackedLinear modules, not nn.Linear: all seven are counted, and
+    q, k, v and gate, up run as their PackedSiblings' one call each, as the native step runs them."""
+    kernels = kernels_mod.Kernels(loader.load("fake", "cpu", "float32"))
+    assert len(kernels.projections) == 7 and kernels.layer_flops(1) > 0
+    assert len(kernels_mod._step_calls(kernels.projections, kernels._x(1, kernels.projections[0].in_features))) == 4
+    assert kernels.measure([("layers", 1, True)])[("layers", 1, True)] > 0
+
+
 @pytest.mark.parametrize("route", ["int4", "int8"])
 def test_the_bench_kernel_rates_measure(route):
     import torch
