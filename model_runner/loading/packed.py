@@ -63,8 +63,8 @@ class PackedSiblings(Siblings):
     """PackedLinear layers that read one input (q, k and v; gate and up) as one oneDNN call on their weights
     packed side by side: the joined packed tensor replaces each layer's own (nothing held twice), and their
     biases are joined with it. One wider call costs less than several narrow ones at a decode step's row (q, k
-    and v in 0.43x the three calls' time, gate and up in 0.60x, one row, two threads, AVX-512 on an AMD EPYC;
-    docs/performance.md has the step's times). Each output is still its own sum over the same inputs, so the
+    and v in 0.43x the three calls' time, gate and up in 0.60x, one row, two threads, on an AVX2-only AMD
+    EPYC, in a timing made while choosing, not kept; docs/performance.md has the step's times). Each output is still its own sum over the same inputs, so the
     joined call gives the separate calls' bits: `joins_exactly` checks that on this CPU before joining."""
 
     def __init__(self, layers: list[PackedLinear], weights: list[torch.Tensor]):
