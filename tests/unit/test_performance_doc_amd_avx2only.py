@@ -69,6 +69,10 @@ def figures() -> dict[str, str]:
         "f32_change": f"{(median_step(f32['after']) / median_step(f32['before']) - 1) * 100:+.0f} %".replace("-", "−"),
         "mm_before": f"{op(f32['before'], PACKED)['self_ms_per_step']:.2f}",
         "mm_after": f"{op(f32['after'], PACKED)['self_ms_per_step']:.2f}",
+        "p_before": f"{f32['before']['profile']['profiled_step_ms']:.2f}",
+        "p_after": f"{f32['after']['profile']['profiled_step_ms']:.2f}",
+        "f_lo": f"{float32['lone_decode_tokens_per_s']['min']:.1f}",
+        "f_hi": f"{float32['lone_decode_tokens_per_s']['max']:.1f}",
         "slow_repeat": f"{max(f32['before']['median_step_ms_per_repeat']):.2f}",
         "n": f"{native['lone_decode_tokens_per_s']['n']}",
         "f_typical": f"{float32['typical_token_ms']['median']:.2f}",
@@ -119,6 +123,14 @@ def test_what_the_section_says_of_its_figures_holds_in_the_files():
         assert profile["capability"] == "AVX2"
     assert run["machine"]["cpu_flags"] == flags and run["machine"]["torch_threads"] == 2  # "on the same machine"
     assert int4["route"] == "auto:native" and before["route"] == after["route"] == "float32:native"
+    assert before["profile"]["profiled_step_ms"] < after["profile"]["profiled_step_ms"]  # "did not show the gain"
+    int4_calls = op(int4, INT4)["calls_per_step"]
+    assert 120 * 31 / 32 - 0.1 < int4_calls < 120  # 120 a decode step, none in the prompt's, over 32 steps
+    assert run["ratios"]["lone_float32_over_vllm"]["target"] is None  # "the bench does not record as a target"
+    lone = run["routes"]["float32"]["lone_decode_tokens_per_s"], run["vllm_anchor"]["lone_decode_tokens_per_s"]
+    assert lone[0]["min"] < lone[1]["max"]  # "the repeats overlap"
+    batched = run["routes"]["float32"]["batched_tokens_per_s"], run["vllm_anchor"]["batched_tokens_per_s"]
+    assert batched[0]["min"] < batched[1]["median"] < batched[0]["median"] < batched[1]["max"]  # "within the spread"
     assert run["vllm_anchor"]["threads"] == 1  # "on twice vLLM's cores"
     assert run["ratios"]["lone_float32_over_vllm"]["value"] >= 1.0  # "met in this run"
     assert run["ratios"]["lone_auto:native_over_llamacpp"]["value"] < 1.2  # "under the 1.2× target"
