@@ -251,7 +251,9 @@ def _command(args, routes, prompt_target, output, clients, repeats) -> str:
     parts = ["kvscope bench", f"--dtypes {','.join(routes)}", f"--model {args.model}"]
     parts += [f"--device {args.device}"] if args.device != "auto" else []
     parts += [f"--prompt-lens {prompt_target}", f"--output-lens {output}", f"--concurrency {clients}"]
-    return " ".join(parts + [f"--repeats {repeats}"])
+    parts += [f"--repeats {repeats}"]
+    # the anchor is part of what ran: a run's command must say it to be run again as it was
+    return " ".join(parts + ([f"--anchor {args.anchor}"] if getattr(args, "anchor", None) else []))
 
 
 # ---- the table ---------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ def test_the_dtypes_run_reports_why_the_anchor_did_not_run(tmp_path, capsys):
     assert bench_dtypes.run_dtypes(args) == 0
     report = json.loads(out.read_text())
     assert list(report["routes"]) == ["float32", "auto"]  # --anchor alone compares the default routes
+    assert report["command"].endswith("--anchor llamacpp")  # the run's command says its anchor
     assert report["anchor"] == {
         "available": False,
         "why": "the llama.cpp anchor runs the bundled GGUF only (--model default)",
