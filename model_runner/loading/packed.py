@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_runner.loading.siblings import Siblings, sibling_groups
+from model_runner.loading.siblings import Siblings, alike, sibling_groups
 
 KERNEL_NOTE = "float32 matmuls on oneDNN's packed weights (reordered once at load)"
 
@@ -64,14 +64,14 @@ class PackedSiblings(Siblings):
     packed side by side: the joined packed tensor replaces each layer's own (nothing held twice), and their
     biases are joined with it. One wider call costs less than several narrow ones at a decode step's row (q, k
     and v in 0.43x the three calls' time, gate and up in 0.60x, one row, two threads, on an AVX2-only AMD
-    EPYC, in a timing made while choosing, not kept; docs/performance.md has the step's times). Each output is still its own sum over the same inputs, so the
-    joined call gives the separate calls' bits: `joins_exactly` checks that on this CPU before joining."""
+    EPYC, in a timing made while choosing, not kept; docs/performance.md has the step's times). Each output is
+    still its own sum over the same inputs, so the joined call gives the separate calls' bits: `joins_exactly`
+    checks that on this CPU before joining."""
 
-    def __init__(self, layers: list[PackedLinear], weights: list[torch.Tensor]):
+    def __init__(self, layers: list[PackedLinear], joined: tuple[torch.Tensor, torch.Tensor | None]):
         super().__init__()
         self.layers, self.widths = layers, [layer.out_features for layer in layers]
-        self.packed = pack(torch.cat(weights))
-        self.bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        self.packed, self.bias = joined  # joined_weights(layers, their weights)
         start = 0
         for layer in layers:
             layer.packed = None
@@ -85,7 +85,7 @@ class PackedSiblings(Siblings):
 
     def joined(self, x: torch.Tensor) -> torch.Tensor:
         """Every sibling's output for x [..., in] at once, [..., Σ out_features], side by side in sibling order."""
-        return packed_linear(x, self.packed, self.bias)
+        return self.call(x)
 
     def joins(self, flat: torch.Tensor) -> bool:
         return True  # one call at any row count
@@ -94,17 +94,18 @@ class PackedSiblings(Siblings):
 PROBE_ROWS = (1, 4, 16, 64)  # a decode step's rows, a small batch's, a prompt's
 
 
-def joins_exactly(layers: list[PackedLinear], weights: list[torch.Tensor]) -> bool:
-    """Whether PackedSiblings of these layers would give each layer's own outputs bit for bit, on this CPU's
-    oneDNN kernels, at PROBE_ROWS rows: one input width, all biased or none, and the same sums measured."""
-    if len({layer.in_features for layer in layers}) > 1 or len({layer.bias is None for layer in layers}) > 1:
-        return False
-    joined = pack(torch.cat(weights))
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+def joined_weights(layers: list[PackedLinear], weights: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' float32 weights packed side by side, and their biases joined (None when they have none)."""
+    return pack(torch.cat(weights)), None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+
+
+def joins_exactly(layers: list[PackedLinear], joined: tuple[torch.Tensor, torch.Tensor | None]) -> bool:
+    """Whether PackedSiblings of these layers on `joined` (joined_weights) would give each layer's own outputs
+    bit for bit, on this CPU's oneDNN kernels, at PROBE_ROWS rows; the layers must be `alike`."""
     for rows in PROBE_ROWS:
         probe = torch.linspace(-1, 1, rows * layers[0].in_features).reshape(rows, -1)
         alone = torch.cat([layer(probe) for layer in layers], dim=-1)
-        if not torch.equal(alone, packed_linear(probe, joined, bias)):
+        if not torch.equal(alone, packed_linear(probe, *joined)):
             return False
     return True
 
@@ -114,11 +115,11 @@ def join_siblings(model: nn.Module, weights: dict[int, torch.Tensor]) -> int:
     each PackedLinear's id to its float32 weight (the packed copy cannot be read back); returns how many groups."""
     groups = 0
     for layers in sibling_groups(model):
-        if not all(type(layer) is PackedLinear and layer.siblings is None for layer in layers):
+        if not all(type(layer) is PackedLinear and layer.siblings is None for layer in layers) or not alike(layers):
             continue
-        own = [weights[id(layer)] for layer in layers]
-        if joins_exactly(layers, own):
-            PackedSiblings(layers, own)
+        joined = joined_weights(layers, [weights[id(layer)] for layer in layers])
+        if joins_exactly(layers, joined):
+            PackedSiblings(layers, joined)
             groups += 1
     return groups
 

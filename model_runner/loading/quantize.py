@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from model_runner.loading.packed import PackedLinear, pack, packed_linear
-from model_runner.loading.siblings import Siblings, sibling_groups
+from model_runner.loading.siblings import Siblings, alike, sibling_groups
 
 MM_DTYPE = torch.bfloat16  # the activation dtype the int4/int8 kernels are fast with (fp32, fp16 take slow paths)
 GROUP = 32  # int4: inputs per scale and zero (the GGUF's Q4_1 block)
@@ -206,9 +206,7 @@ def _joinable(layers: list) -> bool:
     """All Int4Linear, ungrouped, on one input width, all with or all without a bias, and their packed weights
     joined give each layer's sums exactly. The kernel packs output rows in blocks (64 under AVX-512, 32
     under AVX2: measured), so joining is exact only at whole blocks; the probe makes sure on this CPU."""
-    if not all(isinstance(layer, Int4Linear) and layer.siblings is None for layer in layers):
-        return False
-    if len({layer.in_features for layer in layers}) > 1 or len({layer.bias is None for layer in layers}) > 1:
+    if not all(isinstance(layer, Int4Linear) and layer.siblings is None for layer in layers) or not alike(layers):
         return False
     if any(layer.out_features % PACK_BLOCK for layer in layers):
         return False

@@ -54,6 +54,11 @@ class _HeldOutputs(threading.local):
     untaken = 0
 
 
+def alike(layers: list) -> bool:
+    """Whether layers may share one call at all: one input width, and all with a bias or all without."""
+    return len({layer.in_features for layer in layers}) == 1 and len({layer.bias is None for layer in layers}) == 1
+
+
 def sibling_groups(model: torch.nn.Module):
     """Each module's sibling layers, [layer] in SIBLINGS' order, where the module has all of one group's names."""
     for module in model.modules():

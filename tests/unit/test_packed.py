@@ -21,12 +21,14 @@ from model_runner.loading.packed import (
     PackedSiblings,
     available,
     join_siblings,
+    joined_weights,
     joins_exactly,
     lay_in_major,
     pack_linears,
 )
 from model_runner.loading.quantize import weight_count_and_bytes
 from model_runner.loading.routes import fake_route, resolve_route
+from model_runner.loading.siblings import alike
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)  # float32: the same sums in another order
 
@@ -114,8 +116,9 @@ def qkv_layers(bias: bool) -> tuple[list[PackedLinear], list[torch.Tensor]]:
 def test_packed_siblings_give_the_separate_calls_bits_in_one_call(bias, rows):
     separate, weights = qkv_layers(bias)
     grouped, _ = qkv_layers(bias)
-    assert joins_exactly(grouped, weights)
-    siblings = PackedSiblings(grouped, weights)
+    joined = joined_weights(grouped, weights)
+    assert joins_exactly(grouped, joined)
+    siblings = PackedSiblings(grouped, joined)
     x = torch.randn(1, rows, 96)
     with CountCalls(ONEDNN_LINEAR) as counted:
         got = [layer(x) for layer in grouped]
@@ -130,7 +133,7 @@ def test_packed_siblings_hold_no_byte_twice():
     layers, weights = qkv_layers(bias=True)
     model = nn.ModuleList(layers)
     before = weight_count_and_bytes(model)
-    PackedSiblings(layers, weights)
+    PackedSiblings(layers, joined_weights(layers, weights))
     assert all(layer.packed is None for layer in layers)
     assert weight_count_and_bytes(model) == before
 
@@ -138,7 +141,7 @@ def test_packed_siblings_hold_no_byte_twice():
 def test_another_thread_never_takes_this_threads_held_outputs():
     layers, weights = qkv_layers(bias=False)
     separate, _ = qkv_layers(bias=False)
-    PackedSiblings(layers, weights)
+    PackedSiblings(layers, joined_weights(layers, weights))
     x = torch.randn(1, 96)
     layers[0](x)  # this thread holds the outputs for x, two untaken
     seen = {}
@@ -158,12 +161,14 @@ def test_siblings_whose_joined_call_would_differ_stay_apart(monkeypatch):
         setattr(attention, name, layer)
     real = packed_module.packed_linear
     monkeypatch.setattr(packed_module, "packed_linear", lambda x, w, b: real(x, w, b) + (w is not layers[0].packed))
-    assert not joins_exactly(layers, weights)
+    assert not joins_exactly(layers, joined_weights(layers, weights))
     assert join_siblings(attention, {id(layer): w for layer, w in zip(layers, weights)}) == 0
     assert all(layer.siblings is None and layer.packed is not None for layer in layers)
     monkeypatch.setattr(packed_module, "packed_linear", real)
     mixed = [layers[0], PackedLinear(torch.randn(48, 96), torch.randn(48)), layers[2]]
-    assert not joins_exactly(mixed, [weights[0], torch.randn(48, 96), weights[2]])  # one biased, two not
+    assert not alike(mixed)  # one biased, two not
+    attention.k_proj = mixed[1]
+    assert join_siblings(attention, {id(layer): w for layer, w in zip(mixed, weights)}) == 0
 
 
 def fake_float32():

@@ -5,27 +5,21 @@ AVX-512, the targets met and missed as it says) holds in the files."""
 
 from __future__ import annotations
 
-import json
-import statistics
 from pathlib import Path
 
 import pytest
-from test_performance_doc import vllm_figures
+from test_performance_doc import bench_file, vllm_figures
+from test_performance_doc_amd import change, median_step
 
 from model_runner.loading.packed import PROBE_ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs/performance.md").read_text(encoding="utf-8")
-BENCH = ROOT / "docs/bench"
 RUN = "amd-avx2only-lone-decode-vllm.json"
 PACKED, INT4 = "mkldnn::_linear_pointwise", "aten::_weight_int4pack_mm_for_cpu"
 HEAD, SDPA = "aten::_weight_int8pack_mm", "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 pytestmark = pytest.mark.unit
-
-
-def bench_file(name: str) -> dict:
-    return json.loads((BENCH / name).read_text(encoding="utf-8"))
 
 
 def profile_name(when: str) -> str:
@@ -34,10 +28,6 @@ def profile_name(when: str) -> str:
 
 def op(run: dict, name: str) -> dict:
     return next(o for o in run["profile"]["ops"] if o["op"] == name)
-
-
-def median_step(run: dict) -> float:
-    return statistics.median(run["median_step_ms_per_repeat"])
 
 
 def steps(run: dict) -> str:
@@ -66,7 +56,7 @@ def figures() -> dict[str, str]:
         "rows": "\n".join(rows),
         "f32_before": f"{median_step(f32['before']):.2f}",
         "f32_after": f"{median_step(f32['after']):.2f}",
-        "f32_change": f"{(median_step(f32['after']) / median_step(f32['before']) - 1) * 100:+.0f} %".replace("-", "−"),
+        "f32_change": change(median_step(f32["after"]), median_step(f32["before"])),
         "mm_before": f"{op(f32['before'], PACKED)['self_ms_per_step']:.2f}",
         "mm_after": f"{op(f32['after'], PACKED)['self_ms_per_step']:.2f}",
         "p_before": f"{f32['before']['profile']['profiled_step_ms']:.2f}",
