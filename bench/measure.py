@@ -46,6 +46,20 @@ def machine_info(facts) -> dict[str, Any]:
     }
 
 
+def kernel_facts() -> dict[str, Any]:
+    """What a kernel's timing depends on, for a script's JSON: the CPU, its vector flags, torch's kernel
+    capability, torch's version and intra-op threads (a figure is this CPU's at these threads)."""
+    import torch
+
+    return {
+        "cpu": cpu_name(),
+        "cpu_flags": isa_flags(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
 def cpu_name() -> str:
     """The CPU's model name as /proc/cpuinfo gives it (a figure from one CPU is not another's)."""
     return _cpuinfo("model name") or platform.processor() or "?"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import cpu_name, isa_flags  # noqa: E402
+from bench.measure import kernel_facts  # noqa: E402
 
 
 def engine_for(dtype: str, decoder: str):
@@ -107,11 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(statistics.median(decode_steps(engine, args.tokens, forwards)))
         forward_runs.append(statistics.median(forwards) if forwards else float("nan"))
     result = {
-        "cpu": cpu_name(),
-        "cpu_flags": isa_flags(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        **kernel_facts(),
         "load_average": list(os.getloadavg()),
         "route": f"{args.dtype}:{engine.decoder()['name'] if isinstance(engine.decoder(), dict) else engine.decoder()}",
         "median_step_ms_per_repeat": [round(r, 2) for r in runs],  # engine.step(): schedule, forward, postprocess

@@ -1,12 +1,24 @@
 """Stepping one decoder's batched forward over a pool of its own, the way the engine steps it, so two decoders
 (or two companies) can be given the same rows and their logits and K/V rows compared (tests of
-model_runner/local/model/native.py, on the fake model and on the real one)."""
+model_runner/local/model/native.py, on the fake model and on the real one), and the small random models they
+step: `tiny` of each family, `int4_llama` on the int4 route."""
 
 from __future__ import annotations
 
 import torch
 from kvscope_testkit import ask
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
+from model_runner.loading.quantize import quantize_int4
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for
 from model_runner.local.scheduler import Work
@@ -51,3 +63,31 @@ class Run:
         ]._kv_token_views  # layer → (K, V) [slots, kv_heads, d]
         pairs = views.values() if isinstance(views, dict) else views
         return torch.stack([view.index_select(0, slots) for pair in pairs for view in pair])
+
+
+def tiny(kind: str, **config):
+    """A random two-layer model of a family the native step knows (or, for gpt2, one it does not), with every
+    bias and norm weight drawn at random (transformers starts biases at 0 and norms at 1, which would hide a
+    bias or a norm left out)."""
+    torch.manual_seed(1)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4)).eval()
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}  # fmt: skip
+    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    make_config, make_model = classes[kind]
+    model = make_model(make_config(**{**shape, **config})).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                tensor.normal_(1.0 if "norm" in name else 0.0, 0.5)
+    return model
+
+
+def int4_llama(kv_heads: int = 2):
+    """A random two-layer Llama on the int4 route, shaped so q, k, v and gate, up join (whole packed blocks)."""
+    model = tiny("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                 num_key_value_heads=kv_heads, head_dim=64)  # fmt: skip
+    quantize_int4(model)
+    return model

@@ -9,19 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_runs import Run
+from decoder_runs import Run, int4_llama, tiny
 from kvscope_testkit import ask
 from numerics import assert_within_rounding
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
 from model_runner.loading import loader
 from model_runner.local.engine import Engine, EngineConfig
@@ -36,26 +26,6 @@ BLOCK = 16  # tokens per block of the pools made here
 
 def fake_model():
     return loader.load("fake", "cpu", "auto").model
-
-
-def tiny(kind: str, **config):
-    """A random two-layer model of a family the native step knows (or, for gpt2, one it does not), with every
-    bias and norm weight drawn at random (transformers starts biases at 0 and norms at 1, which would hide a
-    bias or a norm left out)."""
-    torch.manual_seed(1)
-    if kind == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4)).eval()
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}  # fmt: skip
-    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
-    make_config, make_model = classes[kind]
-    model = make_model(make_config(**{**shape, **config})).eval()
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                tensor.normal_(1.0 if "norm" in name else 0.0, 0.5)
-    return model
 
 
 FAMILIES = {
@@ -125,16 +95,6 @@ def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():
     a_first = first.step([("a", [1]), ("b", [2])])[0]
     a_second = second.step([("a", [1]), ("b", [9])])[0]
     assert torch.equal(a_first, a_second)
-
-
-def int4_llama(kv_heads: int = 2):
-    """A random two-layer Llama on the int4 route, shaped so q, k, v and gate, up join (whole packed blocks)."""
-    from model_runner.loading.quantize import quantize_int4
-
-    model = tiny("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                 num_key_value_heads=kv_heads, head_dim=64)  # fmt: skip
-    quantize_int4(model)
-    return model
 
 
 @pytest.mark.parametrize(

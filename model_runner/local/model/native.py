@@ -142,6 +142,26 @@ def project(layers: tuple, x: torch.Tensor) -> tuple[torch.Tensor | None, list[t
     return joined, list(joined.split(siblings.widths, dim=-1))
 
 
+def before_attention(h, norm: Norm, weight, scales, cos, sin, head_dim: int, qk_width: int):
+    """A decode layer's ops on int4 kernels up to attention, h [1, R, D] → q's and k's heads rotated side by side
+    [1, H + KV, R, d] and v [R, KV·d] (NativeLlama._decode_layer; pure, so it can be compiled apart)."""
+    tokens, width = h.shape[1], h.shape[2]
+    qkv = int4_mm(rms_norm(norm, h).view(tokens, width), weight, scales, h.dtype)  # [R, q|k|v]
+    qk = rotate(qkv[:, :qk_width].view(1, tokens, -1, head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
+    return qk, qkv[:, qk_width:]
+
+
+def after_attention(h, out, o_kernel: tuple, norm: Norm, gate_up_kernel: tuple, down_kernel: tuple) -> torch.Tensor:
+    """A decode layer's ops on int4 kernels after attention, h [1, R, D] and attention's out [R, H·d] → the
+    layer's output [1, R, D]: o, the residual, the MLP's norm, gate|up, the SiLU gate, down, the residual."""
+    tokens, width = h.shape[1], h.shape[2]
+    # the residual adds take the kernel's bfloat16 output as it is: the add runs in h's float32 and widening
+    # bfloat16 is exact, so the bits are those of casting first, one op fewer each
+    h = h + int4_mm(out, *o_kernel, MM_DTYPE).view(1, tokens, width)
+    gate, up = int4_mm(rms_norm(norm, h).view(tokens, width), *gate_up_kernel, h.dtype).chunk(2, dim=-1)
+    return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, MM_DTYPE).view(1, tokens, width)
+
+
 PACKED, ROW_BY_ROW = "packed", "row by row"  # how a step's queries meet their keys, besides DecodeRows
 
 
@@ -175,6 +195,8 @@ class NativeLlama:
         self.v_after_k = values_after_keys(self.layers)
         self.all_int4 = all(layer.kernels is not None for layer in self.layers)  # every layer's four calls int4
         self.qk_width = (self.heads + self.kv_heads) * self.head_dim  # q's and k's outputs, before v's
+        # A decode layer's stretches around attention on int4 kernels (scripts/compile_probe.py compiles them)
+        self.before_attention, self.after_attention = before_attention, after_attention
 
     def inspects(self) -> bool:
         return True  # every step can hand its queries and keys to an attention probe
@@ -224,19 +246,12 @@ class NativeLlama:
         """`_layer` for a step of decode rows on int4 kernels, h [1, R, D] → [1, R, D]: the same ops on the same
         shapes (so the same bits: tests/unit/test_native_decoder.py), minus the modules' dispatch and checks,
         made once a step rather than four times a layer. Writes the step's K and V into this layer's pages."""
-        tokens, width, dtype = h.shape[1], h.shape[2], h.dtype
         qkv_kernel, o_kernel, gate_up_kernel, down_kernel = layer.kernels
-        qkv = int4_mm(rms_norm(layer.attention_norm, h).view(tokens, width), *qkv_kernel, dtype)  # [R, q|k|v]
-        split = self.qk_width
-        qk = rotate(qkv[:, :split].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
+        qk, v = self.before_attention(h, layer.attention_norm, *qkv_kernel, cos, sin, self.head_dim, self.qk_width)
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
-        layer.v_cache.index_copy_(0, step.write, qkv[:, split:].view(tokens, self.kv_heads, self.head_dim))
+        layer.v_cache.index_copy_(0, step.write, v.view(-1, self.kv_heads, self.head_dim))
         out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling, self.v_after_k)
-        # the residual adds take the kernel's bfloat16 output as it is: the add runs in h's float32 and widening
-        # bfloat16 is exact, so the bits are those of casting first, one op fewer each
-        h = h + int4_mm(out, *o_kernel, MM_DTYPE).view(1, tokens, width)
-        gate, up = int4_mm(rms_norm(layer.mlp_norm, h).view(tokens, width), *gate_up_kernel, dtype).chunk(2, dim=-1)
-        return h + int4_mm(nn.functional.silu(gate) * up, *down_kernel, MM_DTYPE).view(1, tokens, width)
+        return self.after_attention(h, out, o_kernel, layer.mlp_norm, gate_up_kernel, down_kernel)
 
     def _layer(self, layer: Layer, h, cos, sin, step: PagedStep, attend) -> torch.Tensor:
         """One decoder layer on h [1, T, D] → [1, T, D]; writes the step's K and V into this layer's pages."""
