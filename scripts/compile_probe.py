@@ -134,7 +134,7 @@ def probe(engine, rounds: int, tokens: int, variants=VARIANTS, backend: str = "i
         rows[name] = {"variant": name, "options": options, "warm_s": round(time.perf_counter() - start, 1)}
         rows[name]["graphs"] = counters["stats"]["unique_graphs"]  # 2 when every layer reuses the two
         rows[name]["stretches_vs_eager"] = same_bits(eager, stretches[name], inputs)
-        rows[name]["answer_is_eager's"] = answer(engine, tokens) == reference
+        rows[name]["same_answer_as_eager"] = answer(engine, tokens) == reference
         use(decoder, eager)
     times: dict[str, list[float]] = {name: [] for name in stretches}
     for _ in range(rounds):
