@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     result = {
         "command": "python -m bench.weight_kernels " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **kernel_facts(),
         "load_average_before": list(os.getloadavg()),
         "rows": args.rows,

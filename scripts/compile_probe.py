@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_steps(engine, 8)  # warm: first calls allocate, pack and tune
     result = {
         "command": "scripts/compile_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **kernel_facts(),
         "load_average_before": list(os.getloadavg()),
         "variants": probe(engine, args.rounds, args.tokens),

@@ -51,6 +51,15 @@ def native_lead(step: str) -> float:
     return statistics.median(aggregate(r, "auto:native") / aggregate(r, "auto:transformers") for r in runs)
 
 
+def wins(kernel: dict, other: dict) -> int:
+    """In how many interleaved rounds `kernel` took less time than `other`."""
+    return sum(a < b for a, b in zip(kernel["ms_per_round"], other["ms_per_round"]))
+
+
+def slower_rounds(variant: dict, eager: dict) -> int:
+    return sum(a > b for a, b in zip(variant["forward_ms_per_round"], eager["forward_ms_per_round"]))
+
+
 def bits(row: dict) -> str:
     found = set(row["stretches_vs_eager"].values())
     return "both: eager's" if found == {"same bits"} else "differ"
@@ -107,15 +116,20 @@ def figures() -> dict[str, str]:
         "dyn_1_min": f"{min(one['dynamic int8']['ms_per_round']):.2f}",
         "dyn_1_max": f"{max(one['dynamic int8']['ms_per_round']):.2f}",
         "dyn_8": x(eight["dynamic int8"]["vs_int4"]),
+        "int8_8": x(eight["int8"]["vs_int4"]),
+        "dyn_1_wins": f"{wins(one['dynamic int8'], one['int4'])}",
+        "dyn_8_wins": f"{wins(eight['dynamic int8'], eight['int4'])}",
         "int4_growth": f"{eight['int4']['ms_per_step'] / int4['ms_per_step']:.1f}",
         "dyn_growth": f"{eight['dynamic int8']['ms_per_step'] / one['dynamic int8']['ms_per_step']:.1f}",
         "probe_rounds": f"{len(variants[0]['forward_ms_per_round'])}",
         "probe_rows": "\n".join(probe_rows),
         "slowest_pct": f"{(max(v['vs_eager'] for v in compiled) - 1) * 100:.1f}",
         "fastest_pct": f"{(min(v['vs_eager'] for v in compiled) - 1) * 100:.1f}",
+        "slower_rounds": ", ".join(str(slower_rounds(v, variants[0])) for v in compiled[:-1])
+        + f" and {slower_rounds(compiled[-1], variants[0])}",
         "pair_rows": "\n".join(pair_rows),
         "pair_median": x(median),
-        "pair_short": f"{(1 - median / TARGET_8) * 100:.0f}",
+        "pair_short": f"{(1 - median / TARGET_8) * 100:.1f}",
         "pair_lo": x(min(ratios)),
         "pair_hi": x(max(ratios)),
         "tf_pair_median": x(statistics.median(pair_ratios("auto:transformers"))),

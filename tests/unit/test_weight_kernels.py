@@ -52,7 +52,7 @@ def test_the_comparison_names_the_machine_and_sets_each_kernel_beside_int4(tmp_p
     result = json.loads(out.read_text())
     assert result["command"] == f"python -m bench.weight_kernels --rows 2 --rounds 3 --json {out}"
     assert result["capability"] == torch.backends.cpu.get_cpu_capability() and result["threads"] >= 1
-    assert result["rows"] == 2 and result["cpu"]
+    assert result["rows"] == 2 and result["cpu"] and result["started_at"].endswith("+00:00")
     rows = {row["kernel"]: row for row in result["kernels"]}
     assert list(rows) == [kernel.name for kernel in AVAILABLE]
     assert rows["int4"]["vs_int4"] == 1.0
