@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs/performance.md").read_text(encoding="utf-8")
 ONE, EIGHT = "amd-avx2only-weight-kernels-1-row.json", "amd-avx2only-weight-kernels-8-rows.json"
 PROBE, PAIRS = "amd-avx2only-compile-probe.json", "amd-avx2only-8-clients-before-after.json"
+PROFILE_8 = "profile-amd-avx2only-int4-8-clients.json"
+INT4, HEAD = "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm"
+SDPA, GATHER = "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index_select"
 ANCHOR_RUN = "amd-avx2only-lone-decode-vllm.json"
 TARGET_8, TARGET_LONE = 1.3, 1.2  # the issue's targets: 8 clients over the old native step; lone over llama.cpp
 
@@ -63,6 +66,32 @@ def slower_rounds(variant: dict, eager: dict) -> int:
 def bits(row: dict) -> str:
     found = set(row["stretches_vs_eager"].values())
     return "both: eager's" if found == {"same bits"} else "differ"
+
+
+def profile_op(run: dict, name: str) -> dict:
+    return next(o for o in run["profile"]["ops"] if o["op"] == name)
+
+
+def pct(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def profile_figures() -> dict[str, str]:
+    run = bench_file(PROFILE_8)
+    kernel, head, sdpa, gather = (profile_op(run, name) for name in (INT4, HEAD, SDPA, GATHER))
+    return {
+        "p8_steps": f"{run['profile']['profiled_decode_steps']}",
+        "p8_medians": ", ".join(f"{t:.2f}" for t in run["median_step_ms_per_repeat"]),
+        "p8_calls": f"{run['profile']['aten_calls_per_step']:,}",
+        "p8_int4": f"{kernel['self_ms_per_step']:.2f}",
+        "p8_int4_share": pct(kernel["share"]),
+        "p8_int4_each": f"{kernel['self_ms_per_step'] / kernel['calls_per_step'] * 1000:.0f}",
+        "p8_head": f"{head['self_ms_per_step']:.2f}",
+        "p8_head_share": pct(head["share"]),
+        "p8_sdpa": f"{sdpa['self_ms_per_step']:.2f}",
+        "p8_gather": f"{gather['self_ms_per_step']:.2f}",
+        "p8_attn_share": pct(sdpa["share"] + gather["share"]),
+    }
 
 
 def probe_row(v: dict) -> str:
@@ -135,6 +164,7 @@ def figures() -> dict[str, str]:
         "tf_pair_median": x(statistics.median(pair_ratios("auto:transformers"))),
         "nt_before": x(native_lead("before")),
         "nt_after": x(native_lead("after")),
+        **profile_figures(),
     }
 
 
@@ -185,5 +215,10 @@ def test_what_the_section_says_of_its_figures_holds_in_the_files():
     afters = [aggregate(a, "auto:native") for _, a in pairs()]
     assert befores == sorted(befores) and afters == sorted(afters)  # "both sides' figures rise pair by pair"
     assert native_lead("after") <= native_lead("before")  # "the native step's lead did not grow"
+    profile = bench_file(PROFILE_8)
+    assert (profile["clients"], profile["route"], profile["profile"]["profiled_other_steps"]) == (8, "auto:native", 0)
+    assert profile["profile"]["ops"][0]["op"] == INT4  # "the weight kernels are the largest part"
+    assert profile_op(profile, INT4)["calls_per_step"] == 120
+    assert profile["cpu_flags"] == bench_file(ONE)["cpu_flags"] and profile["threads"] == 2
     order = [(r["pair"], r["step"]) for r in bench_file(PAIRS)["runs"]]
     assert order.index((1, "before")) < order.index((1, "after")) and order.index((3, "after")) < order.index((3, "before"))  # fmt: skip
