@@ -26,19 +26,17 @@ def machine_info(facts) -> dict[str, Any]:
     """What every report records about where it ran: platform, the CPU's model name and vector flags, torch's
     kernel capability, threads, library versions, the device, and the load average at the start (the run adds
     the one at its end)."""
-    import torch
     import transformers
 
+    kernels = kernel_facts()
+    threads = kernels.pop("threads")
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpu": cpu_name(),
-        "cpu_flags": isa_flags(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
+        **kernels,
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,
         "python": platform.python_version(),
-        "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": facts.device,
         "device_name": facts.device_name,

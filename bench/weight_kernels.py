@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from time import perf_counter
 
 import torch
 from torch import nn
 
-from bench.measure import kernel_facts
+from bench.measure import kernel_facts, load_average
 from model_runner.loading.packed import pack, packed_linear
 from model_runner.loading.quantize import Int4Linear, Int8Linear, int4_mm
 
@@ -66,13 +65,17 @@ def _dynamic_engine() -> str | None:
 
 
 def _dynamic_int8(weight):
-    torch.backends.quantized.engine = _dynamic_engine()
     scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():  # torch.ao's quantization API is marked deprecated, not removed
-        warnings.simplefilter("ignore")
-        quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
-        packed = torch.ops.quantized.linear_prepack(quantized, None)
+    engine, torch.backends.quantized.engine = torch.backends.quantized.engine, _dynamic_engine()
+    try:  # the packed weight keeps the engine it was packed for; the process's choice is put back
+        with warnings.catch_warnings():  # torch.ao's quantization API is marked deprecated, not removed
+            warnings.simplefilter("ignore")
+            quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(quantized, None)
+    finally:
+        torch.backends.quantized.engine = engine
+    # reduce_range: the inputs are rounded to 7 of their 8 bits (against overflow in 8-bit multiply-adds without VNNI)
     return (lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)), weight.numel() + _bytes(scales)
 
 
@@ -96,7 +99,7 @@ KERNELS = (
     WeightKernel("int8", "torch's int8 kernel (_weight_int8pack_mm), bfloat16 inputs: the head's first pass", _int8),
     WeightKernel(
         "dynamic int8",
-        "quantized::linear_dynamic (x86/fbgemm): int8 weights and int8 activations, one scale a call",
+        "quantized::linear_dynamic (x86 engine): int8 weights a scale a row, inputs rounded to 7-bit integers a call",
         _dynamic_int8,
         lambda: _dynamic_engine() is not None,
     ),
@@ -130,12 +133,12 @@ def measure(calls=SMOLLM2_CALLS, layers: int = SMOLLM2_LAYERS, rows: int = 1, ro
         for round_ in range(rounds + 1):
             for kernel in kernels:
                 prepared = steps[kernel.name][0]
-                start = time.perf_counter()
+                start = perf_counter()
                 for run, width in prepared:
                     run(inputs[width])
                 if round_:  # the first round warms (first calls allocate and pack)
-                    times[kernel.name].append((time.perf_counter() - start) * 1000)
-    base = statistics.median(times[BASELINE]) if BASELINE in times else None
+                    times[kernel.name].append((perf_counter() - start) * 1000)
+    base = statistics.median(times[BASELINE])
     return [
         {
             "kernel": kernel.name,
@@ -143,7 +146,7 @@ def measure(calls=SMOLLM2_CALLS, layers: int = SMOLLM2_LAYERS, rows: int = 1, ro
             "ms_per_step": round(statistics.median(times[kernel.name]), 3),
             "ms_per_round": [round(t, 3) for t in times[kernel.name]],
             "weight_bytes": steps[kernel.name][1],
-            "vs_int4": round(statistics.median(times[kernel.name]) / base, 3) if base else None,
+            "vs_int4": round(statistics.median(times[kernel.name]) / base, 3),
         }
         for kernel in kernels
     ]
@@ -162,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.weight_kernels " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **kernel_facts(),
-        "load_average_before": list(os.getloadavg()),
+        "load_average_before": load_average(),
         "rows": args.rows,
         "layers": SMOLLM2_LAYERS,  # the calls below, this many times a step
         "calls_per_layer": [list(call) for call in SMOLLM2_CALLS],
         "kernels": measure(SMOLLM2_CALLS, SMOLLM2_LAYERS, args.rows, args.rounds),
-        "load_average_after": list(os.getloadavg()),
+        "load_average_after": load_average(),
     }
     print(f"{result['cpu']} ({result['capability']}), {result['threads']} threads, {args.rows} row(s) a call:")
     for row in result["kernels"]:

@@ -2,9 +2,9 @@
 (native.before_attention and after_attention: the norms, rotary embedding, residuals and SiLU gate between the
 int4 kernels) compiled once each by torch.compile and reused by every layer, the KV writes and attention left
 eager. Each variant and the eager step run the same greedy request in one process, in interleaved rounds →
-each one's median forward ms and ratio to eager, its warm-up seconds (its compile, in a fresh inductor cache),
-how many graphs it compiled,
-whether its stretches give eager's bits on one real step's inputs, and whether its greedy answer is eager's.
+each one's median forward ms and ratio to eager, its warm-up seconds (the first variant's a compile in a fresh
+inductor cache, which the later ones share), how many graphs it compiled, whether its stretches give eager's
+bits on one decode step's inputs to the first layer, and whether its greedy answer to one prompt is eager's.
 
     .venv/bin/python scripts/compile_probe.py [--rounds 6] [--tokens 24] [--threads N] [--json FILE]
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import kernel_facts  # noqa: E402
+from bench.measure import kernel_facts, load_average  # noqa: E402
 from scripts.profile_step import decode_steps, engine_for  # noqa: E402
 
 # (name, inductor options) of each compiled variant; eager is the baseline
@@ -125,15 +126,15 @@ def probe(engine, rounds: int, tokens: int, variants=VARIANTS, backend: str = "i
     reference = answer(engine, tokens)
     rows = {EAGER: {"variant": EAGER, "options": None, "warm_s": 0.0, "graphs": 0}}
     stretches = {EAGER: eager}
+    torch._dynamo.reset()  # once: a reset between variants would drop the earlier ones' compiled code
     for name, options in variants:
-        torch._dynamo.reset()
-        counters.clear()
+        graphs = counters["stats"]["unique_graphs"]
         stretches[name] = compiled(options, backend)
         use(decoder, stretches[name])
         start = time.perf_counter()
         decode_steps(engine, 2)  # compiles both stretches
         rows[name] = {"variant": name, "options": options, "warm_s": round(time.perf_counter() - start, 1)}
-        rows[name]["graphs"] = counters["stats"]["unique_graphs"]  # 2 when every layer reuses the two
+        rows[name]["graphs"] = counters["stats"]["unique_graphs"] - graphs  # 2 when every layer reuses the two
         rows[name]["stretches_vs_eager"] = same_bits(eager, stretches[name], inputs)
         rows[name]["same_answer_as_eager"] = answer(engine, tokens) == reference
         use(decoder, eager)
@@ -160,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    # a fresh inductor cache, so each variant's warm-up is its compile, not a load of an earlier run's
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvscope-compile-probe-")
+    # a fresh inductor cache, so the first variant's warm-up is its compile, not a load of an earlier run's (the
+    # later variants share it: theirs may be shorter than a cold compile)
+    cache = tempfile.mkdtemp(prefix="kvscope-compile-probe-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
 
     import torch
 
@@ -173,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": "scripts/compile_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **kernel_facts(),
-        "load_average_before": list(os.getloadavg()),
+        "load_average_before": load_average(),
         "variants": probe(engine, args.rounds, args.tokens),
-        "load_average_after": list(os.getloadavg()),
+        "load_average_after": load_average(),
     }
     for row in result["variants"]:
         bits = row.get("stretches_vs_eager", "")
@@ -184,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    shutil.rmtree(cache, ignore_errors=True)
     return 0
 
 

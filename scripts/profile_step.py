@@ -1,7 +1,8 @@
-"""Where a lone decode token's time goes: one greedy request on the bundled model (a ~64-token prompt), or
-`--clients N` stepped together (N rows a decode step), its decode steps timed one by one on this thread, then the same steps under torch's profiler, printed as the top ops
-by self CPU time with their calls a step, and the host's share (a step's time outside every aten op). Prints the
-CPU and torch's kernel capability with it, so a profile names the machine it describes (docs/performance.md).
+"""Where a decode token's time goes: one greedy request on the bundled model (a ~64-token prompt), or
+`--clients N` of them stepped together (N rows a decode step), the decode steps timed one by one on this
+thread, then the same steps under torch's profiler, printed as the top ops by self CPU time with their calls a
+step. Prints the CPU and torch's kernel capability with it, so a profile names the machine it describes
+(docs/performance.md).
 
     .venv/bin/python scripts/profile_step.py [--dtype auto] [--decoder native] [--tokens 48] [--threads N]
         [--clients 1] [--decode-only]
@@ -53,8 +54,8 @@ def decode_steps(
     with torch.inference_mode():
         while not all(handle.done for handle in handles):
             decoding = len(started) == clients and not any(handle.done for handle in handles)
-            if phase != ("decode" if decoding else "prompt" if phase == "prompt" else "end"):
-                phase = "decode" if decoding else "end"
+            if (phase == "prompt" and decoding) or (phase == "decode" and not decoding):
+                phase = "decode" if phase == "prompt" else "end"
                 if on_phase is not None:
                     on_phase(phase)
             start = time.perf_counter()
@@ -74,6 +75,8 @@ def decode_steps(
                         forwards.append(body["step_ms"])
     if phase == "decode" and on_phase is not None:
         on_phase("end")
+    if not times:
+        raise SystemExit(f"no decode step: {clients} request(s) of {tokens} tokens never all made a token together")
     return times
 
 
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--decoder", default="native")
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=48, help="tokens a request (2 or more: one decode step)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=18)
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-only", action="store_true", help="profile the decode steps alone, not the prompts'")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.tokens < 2 or args.clients < 1:
+        parser.error(f"--tokens must be 2 or more (got {args.tokens}) and --clients 1 or more (got {args.clients})")
 
     import torch
 

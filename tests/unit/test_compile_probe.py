@@ -4,6 +4,7 @@ keeps the ops (dynamo's eager backend: the probe's own tracing, without inductor
 
 from __future__ import annotations
 
+import pytest
 import torch
 from decoder_runs import Run, int4_llama
 from torch._dynamo.utils import counters
@@ -12,11 +13,18 @@ from model_runner.local.model import native
 from scripts import compile_probe
 
 
-def test_the_stretches_are_traced_once_for_every_layer_and_keep_the_eager_bits():
-    model = int4_llama()
-    eager, traced = Run(model, "native"), Run(model, "native")
+@pytest.fixture
+def fresh_dynamo():
     torch._dynamo.reset()
     counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def test_the_stretches_are_traced_once_for_every_layer_and_keep_the_eager_bits(fresh_dynamo):
+    model = int4_llama()
+    eager, traced = Run(model, "native"), Run(model, "native")
     compile_probe.use(traced.forward.decoder, compile_probe.compiled({}, backend="eager"))
     prompts = [("a", list(range(5, 12))), ("b", list(range(20, 30)))]
     for run in (eager, traced):
@@ -27,7 +35,6 @@ def test_the_stretches_are_traced_once_for_every_layer_and_keep_the_eager_bits()
     for key in "ab":
         assert torch.equal(traced.kv(key), eager.kv(key))
     assert counters["stats"]["unique_graphs"] == 2  # before_attention and after_attention, for both layers
-    torch._dynamo.reset()
 
 
 def test_the_native_step_runs_the_stretches_it_holds():

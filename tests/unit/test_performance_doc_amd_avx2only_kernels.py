@@ -77,9 +77,20 @@ def pct(share: float) -> str:
 
 
 def profile_figures() -> dict[str, str]:
-    run = bench_file(PROFILE_8)
+    run, eight = bench_file(PROFILE_8), kernels(EIGHT)
     kernel, head, sdpa, gather = (profile_op(run, name) for name in (INT4, HEAD, SDPA, GATHER))
+    profile, medians = run["profile"], run["median_step_ms_per_repeat"]
     return {
+        "p8_slow": f"{(medians[2] / statistics.median(medians[:2]) - 1) * 100:.0f}",
+        "p8_profiled": f"{profile['profiled_step_ms']:.2f}",
+        "p8_self": f"{kernel['self_ms_per_step'] / kernel['share']:.0f}",
+        "p8_mean": f"{profile['profiled_wall_ms'] / profile['profiled_decode_steps']:.0f}",
+        "p8_gather_calls": f"{gather['calls_per_step']:.0f}",
+        "p8_weights_share": pct(kernel["share"] + head["share"]),
+        "int8_8_wins": f"{wins(eight['int8'], eight['int4'])}",
+        "int4_8": f"{eight['int4']['ms_per_step']:.2f}",
+        "int4_8_min": f"{min(eight['int4']['ms_per_round']):.2f}",
+        "int4_8_max": f"{max(eight['int4']['ms_per_round']):.2f}",
         "p8_steps": f"{run['profile']['profiled_decode_steps']}",
         "p8_medians": ", ".join(f"{t:.2f}" for t in run["median_step_ms_per_repeat"]),
         "p8_calls": f"{run['profile']['aten_calls_per_step']:,}",
@@ -151,6 +162,7 @@ def figures() -> dict[str, str]:
         "int4_growth": f"{eight['int4']['ms_per_step'] / int4['ms_per_step']:.1f}",
         "dyn_growth": f"{eight['dynamic int8']['ms_per_step'] / one['dynamic int8']['ms_per_step']:.1f}",
         "probe_rounds": f"{len(variants[0]['forward_ms_per_round'])}",
+        "probe_time": bench_file(PROBE)["started_at"][11:16],
         "probe_rows": "\n".join(probe_rows),
         "slowest_pct": f"{(max(v['vs_eager'] for v in compiled) - 1) * 100:.1f}",
         "fastest_pct": f"{(min(v['vs_eager'] for v in compiled) - 1) * 100:.1f}",
@@ -219,6 +231,9 @@ def test_what_the_section_says_of_its_figures_holds_in_the_files():
     assert (profile["clients"], profile["route"], profile["profile"]["profiled_other_steps"]) == (8, "auto:native", 0)
     assert profile["profile"]["ops"][0]["op"] == INT4  # "the weight kernels are the largest part"
     assert profile_op(profile, INT4)["calls_per_step"] == 120
+    medians = profile["median_step_ms_per_repeat"]
+    assert medians[2] > max(medians[:2])  # "the third slower than the other two"
+    assert profile["profile"]["ops"][1]["op"] == HEAD  # the two weight kernels lead the profile
     assert profile["cpu_flags"] == bench_file(ONE)["cpu_flags"] and profile["threads"] == 2
     order = [(r["pair"], r["step"]) for r in bench_file(PAIRS)["runs"]]
     assert order.index((1, "before")) < order.index((1, "after")) and order.index((3, "after")) < order.index((3, "before"))  # fmt: skip

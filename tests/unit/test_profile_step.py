@@ -5,10 +5,13 @@ steps it profiled: every step, or with --decode-only the decode steps alone."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from model_runner.loading.loader import load
 from model_runner.local.engine import Engine, EngineConfig
 from scripts import profile_step
+
+MARK = "kvscope-test-step"  # a profiler range around each engine step
 
 
 @pytest.fixture
@@ -16,10 +19,17 @@ def engine():
     return Engine(EngineConfig(model="fake"), loaded=load("fake"))
 
 
-def counting_steps(engine, monkeypatch) -> list:
-    steps = []
+def marked_steps(engine, monkeypatch) -> list[int]:
+    """Wrap each engine step in a profiler range; → the steps' count so far, one entry a step."""
+    steps: list[int] = []
     step = engine.step
-    monkeypatch.setattr(engine, "step", lambda: steps.append(1) or step())
+
+    def marked():
+        steps.append(len(steps) + 1)
+        with torch.profiler.record_function(MARK):
+            return step()
+
+    monkeypatch.setattr(engine, "step", marked)
     return steps
 
 
@@ -30,21 +40,27 @@ def test_a_lone_request_s_decode_steps_are_every_step_after_its_prompt_s(engine)
     assert phases == ["decode", "end"] and len(forwards) == 5 and all(ms > 0 for ms in forwards)
 
 
-def test_with_several_clients_the_decode_steps_are_those_every_request_makes_a_token_in(engine, monkeypatch):
-    steps, phases, others, forwards = counting_steps(engine, monkeypatch), [], [], []
-    times = profile_step.decode_steps(engine, 6, forwards, 3, others, on_phase=phases.append)
-    assert phases == ["decode", "end"] and len(times) + len(others) == len(steps)
-    assert 1 <= len(times) <= 5  # the first token of each comes from its prompt's step
-    assert len(forwards) == len(times)  # the first request makes a token in every decode step
+def test_with_several_clients_the_steps_before_all_start_and_after_one_ends_are_not_decode_steps(engine, monkeypatch):
+    steps, at = marked_steps(engine, monkeypatch), []
+    others, forwards = [], []
+    times = profile_step.decode_steps(engine, 6, forwards, 3, others, on_phase=lambda p: at.append((p, len(steps))))
+    # the fake engine takes a new request's prompt a step: 3 prompt steps, 3 steps of all three, then the two
+    # later requests' last tokens alone
+    assert (len(times), len(others), len(steps)) == (3, 5, 8)
+    assert at == [("decode", 3), ("end", 6)]  # the phases change between steps, once each
+    assert len(forwards) == 3
 
 
 @pytest.mark.parametrize("decode_only", [False, True])
-def test_the_profile_averages_over_the_steps_it_profiled(engine, decode_only):
-    result = profile_step.profile(engine, 5, top=5, clients=2, decode_only=decode_only)
+def test_the_profile_averages_over_exactly_the_steps_it_profiled(engine, monkeypatch, decode_only):
+    steps = marked_steps(engine, monkeypatch)
+    result = profile_step.profile(engine, 6, top=1000, clients=3, decode_only=decode_only)
     decode, others = result["profiled_decode_steps"], result["profiled_other_steps"]
-    assert decode >= 1 and (others == 0) == decode_only and len(result["ops"]) == 5
-    profiled = decode + others
-    for op in result["ops"]:  # each op's calls a step times the steps profiled: a whole number of calls
-        assert op["calls_per_step"] * profiled == pytest.approx(
-            round(op["calls_per_step"] * profiled), abs=0.06 * profiled
-        )
+    assert (decode, others) == (3, 0 if decode_only else 5) and len(steps) == 8
+    mark = next(op for op in result["ops"] if op["op"] == MARK)
+    assert mark["calls_per_step"] == 1.0  # one range a profiled step: none outside the profile's steps
+
+
+def test_a_run_with_no_decode_step_says_so(engine):
+    with pytest.raises(SystemExit, match="no decode step"):
+        profile_step.decode_steps(engine, 1)

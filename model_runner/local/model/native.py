@@ -142,16 +142,21 @@ def project(layers: tuple, x: torch.Tensor) -> tuple[torch.Tensor | None, list[t
     return joined, list(joined.split(siblings.widths, dim=-1))
 
 
-def before_attention(h, norm: Norm, weight, scales, cos, sin, head_dim: int, qk_width: int):
+def before_attention(
+    h: torch.Tensor, norm: Norm, qkv_kernel: tuple, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, qk_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode layer's ops on int4 kernels up to attention, h [1, R, D] → q's and k's heads rotated side by side
-    [1, H + KV, R, d] and v [R, KV·d] (NativeLlama._decode_layer; pure, so it can be compiled apart)."""
+    [1, H + KV, R, d] and v [R, KV·d] (NativeLlama._decode_layer; pure, so it can be compiled apart). h is
+    float32 (NativeLlama._on_decode_kernels), so h.dtype is the residual's and the modules' output dtype."""
     tokens, width = h.shape[1], h.shape[2]
-    qkv = int4_mm(rms_norm(norm, h).view(tokens, width), weight, scales, h.dtype)  # [R, q|k|v]
+    qkv = int4_mm(rms_norm(norm, h).view(tokens, width), *qkv_kernel, h.dtype)  # [R, q|k|v]
     qk = rotate(qkv[:, :qk_width].view(1, tokens, -1, head_dim).transpose(1, 2), cos, sin)  # [1, H + KV, R, d]
     return qk, qkv[:, qk_width:]
 
 
-def after_attention(h, out, o_kernel: tuple, norm: Norm, gate_up_kernel: tuple, down_kernel: tuple) -> torch.Tensor:
+def after_attention(
+    h: torch.Tensor, out: torch.Tensor, o_kernel: tuple, norm: Norm, gate_up_kernel: tuple, down_kernel: tuple
+) -> torch.Tensor:
     """A decode layer's ops on int4 kernels after attention, h [1, R, D] and attention's out [R, H·d] → the
     layer's output [1, R, D]: o, the residual, the MLP's norm, gate|up, the SiLU gate, down, the residual."""
     tokens, width = h.shape[1], h.shape[2]
@@ -247,7 +252,7 @@ class NativeLlama:
         shapes (so the same bits: tests/unit/test_native_decoder.py), minus the modules' dispatch and checks,
         made once a step rather than four times a layer. Writes the step's K and V into this layer's pages."""
         qkv_kernel, o_kernel, gate_up_kernel, down_kernel = layer.kernels
-        qk, v = self.before_attention(h, layer.attention_norm, *qkv_kernel, cos, sin, self.head_dim, self.qk_width)
+        qk, v = self.before_attention(h, layer.attention_norm, qkv_kernel, cos, sin, self.head_dim, self.qk_width)
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
         layer.v_cache.index_copy_(0, step.write, v.view(-1, self.kv_heads, self.head_dim))
         out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling, self.v_after_k)
