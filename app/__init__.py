@@ -20,6 +20,7 @@ DEFAULTS = {
     "DTYPE": "auto",
     "CUDA_GRAPHS": engine_defaults.CUDA_GRAPHS,  # "auto" (on CUDA) or "off" (model_runner/local/step/graphs.py)
     "DECODER": "auto",  # `--decoder`: one of engine_defaults.DECODERS (model_runner/local/model/decoders.py)
+    "COMPILE": "auto",  # `--compile`: one of engine_defaults.COMPILE (model_runner/local/model/compiled.py)
     "MAX_QUEUE": engine_defaults.MAX_QUEUE,
     "TIMEOUT_S": engine_defaults.TIMEOUT_S,
     # Security: the address the server listens on. On a loopback address only loopback Host names

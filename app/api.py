@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from app.engine_ext import batch_invariance, decoder, get_engine
+from app.engine_ext import batch_invariance, compiled, decoder, get_engine
 from app.model_names import public_source
 from app.protocol import parse_json_object
 from app.security import origin_refusal, policy_changes_allowed
@@ -38,6 +38,7 @@ def model():
             "limits": LIMITS,
             "batch_invariant": batch_invariance(engine),
             "decoder": decoder(engine),
+            "compiled": compiled(engine),
         }
     )
 

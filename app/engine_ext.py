@@ -1,7 +1,8 @@
 """Attaches one engine to the app (app.extensions["kvscope_engine"]): the built-in `Engine`, or a
 `RemoteEngine` in front of an OpenAI-compatible server when ENGINE_URL is set; the engine never holds the app.
-Also what every door reports of the engine's execution choices (its decoder, batch-invariant mode), for
-either engine: the built-in one says through its declared `LocalControls`, a remote one has neither."""
+Also what every door reports of the engine's execution choices (its decoder, whether its decode stretches run
+compiled, batch-invariant mode), for either engine: the built-in one says through its declared `LocalControls`, a
+remote one has none of them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # imported late at run time: a test's injected engine needs n
 KEY = "kvscope_engine"
 NOT_ON_REMOTE = "batch-invariant mode is a mode of the built-in engine: a remote engine's server decides how it batches"
 REMOTE_DECODER = {"name": None, "asked": None, "reason": "a remote engine: its server runs the model"}
+REMOTE_COMPILED = {"asked": None, "state": "off", "reason": "a remote engine: its server runs the model"}
 
 
 def init_app(app: Flask) -> None:
@@ -43,6 +45,7 @@ def builtin_engine(app: Flask) -> Engine:
             dtype=app.config["DTYPE"],
             cuda_graphs=str(app.config["CUDA_GRAPHS"]),
             decoder=str(app.config["DECODER"]),
+            compile=str(app.config["COMPILE"]),
             max_queue=int(app.config["MAX_QUEUE"]),
             timeout_s=float(app.config["TIMEOUT_S"]),
             kv_cache_mb=app.config["KV_CACHE_MB"],
@@ -83,3 +86,10 @@ def decoder(engine: EngineInterface) -> dict[str, Any] | None:
     """Which decoder runs the built-in engine's steps (None while it loads); a remote engine's server runs its own."""
     local = engine.local
     return local.decoder() if local is not None else REMOTE_DECODER
+
+
+def compiled(engine: EngineInterface) -> dict[str, Any] | None:
+    """Whether the built-in engine's decode stretches run compiled (None while it loads); a remote engine's
+    server runs its own model."""
+    local = engine.local
+    return local.compiled() if local is not None else REMOTE_COMPILED

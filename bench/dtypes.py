@@ -40,19 +40,34 @@ DECODER_LONE_GOAL = ("min", 1.25)
 DECODER_BATCHED_GOAL = ("min", 1.2)
 
 
+COMPILED = "compiled"  # a route's third part: its decode stretches compiled ahead of time (`--compile on`)
+
+
 def split_route(route: str) -> tuple[str, str]:
-    """`dtype` or `dtype:decoder` → (dtype, decoder); the decoder defaults to auto."""
+    """`dtype`, `dtype:decoder` or `dtype:decoder:compiled` → (dtype, decoder); the decoder defaults to auto."""
     dtype, _, decoder = route.partition(":")
-    return dtype, decoder or "auto"
+    return dtype, decoder.partition(":")[0] or "auto"
+
+
+def compiled_route(route: str) -> bool:
+    """Whether `route` runs its decode stretches compiled ahead of time (model_runner/local/model/compiled.py)."""
+    return route.split(":")[2:] == [COMPILED]
 
 
 def parse_routes(text: str) -> list[str]:
     routes = [r.strip() for r in text.split(",") if r.strip()]
-    bad = [r for r in routes if split_route(r)[0] not in DTYPE_CHOICES or split_route(r)[1] not in DECODERS]
+    bad = [
+        r
+        for r in routes
+        if split_route(r)[0] not in DTYPE_CHOICES
+        or split_route(r)[1] not in DECODERS
+        or r.split(":")[2:] not in ([], [COMPILED])
+    ]
     if bad or len(routes) < 2 or len(set(routes)) != len(routes):
         raise UserError(
             f"--dtypes takes two or more different values of {', '.join(DTYPE_CHOICES)}, comma-separated "
-            f"(the first is the reference), each optionally with :{'|:'.join(DECODERS)} for its decoder, got {text!r}",
+            f"(the first is the reference), each optionally with :{'|:'.join(DECODERS)} for its decoder and then "
+            f":{COMPILED} for its decode stretches compiled ahead of time, got {text!r}",
             field="dtypes",
         )
     return routes
@@ -85,9 +100,19 @@ def _engine(args: argparse.Namespace, route: str, clients: int):
 
     dtype, decoder = split_route(route)
     config = EngineConfig(
-        model=args.model, device=args.device, dtype=dtype, max_queue=max(64, clients), timeout_s=600.0, decoder=decoder
+        model=args.model,
+        device=args.device,
+        dtype=dtype,
+        max_queue=max(64, clients),
+        timeout_s=600.0,
+        decoder=decoder,
+        compile="on" if compiled_route(route) else "off",
     )
-    return Engine(config, loaded=load(args.model, args.device, dtype))
+    engine = Engine(config, loaded=load(args.model, args.device, dtype))
+    compiled = engine.compiled(wait=True)  # measured once the library runs, not while it builds
+    if compiled_route(route) and compiled["state"] != "on":
+        raise UserError(f"{route}: the decode stretches did not compile: {compiled['reason']}", field="dtypes")
+    return engine
 
 
 def _stepped(engine, payloads: list[dict], tag: str) -> tuple[list[RequestRecord], float]:
@@ -208,6 +233,7 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
     return {
         "facts": facts.to_dict(),
         "decoder": engine.decoder(),
+        "compiled": engine.compiled(),  # the decode stretches compiled ahead of time, or why not
         "load_s": round(engine.loaded.load_s, 2),
         "tensor_kv_bytes_per_token": engine.pool.computed_bytes(1),  # computed from the pool tensor's layout
         "lone_decode_tokens_per_s": spread(lone),
@@ -221,13 +247,20 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
 
 
 def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
-    """Each route over the reference, repeat by repeat (the same turn of the same run), then the median."""
+    """Each route over the reference, repeat by repeat (the same turn of the same run), then the median; a
+    `:compiled` route over its eager twin too, where the run has it."""
     ref, report = routes[0], {}
-    for route in routes[1:]:
+    pairs = [(route, ref) for route in routes[1:]]
+    pairs += [
+        (r, r.removesuffix(f":{COMPILED}"))
+        for r in routes
+        if compiled_route(r) and r.removesuffix(f":{COMPILED}") in routes
+    ]
+    for route, ref in pairs:
         lone_goal, batched_goal = goals_over(route, ref)
         for name, key, field_, goal, what in (
             ("lone", "lone", "decode_tokens_per_s", lone_goal, "lone client: decode tokens/s"),
-            ("prefill", "lone", "prefill_ms", PREFILL_GOAL, "lone client: prefill time"),
+            ("prefill", "lone", "prefill_ms", PREFILL_GOAL if lone_goal else None, "lone client: prefill time"),
             ("batched", "batched", "tokens_per_s", batched_goal, f"{clients} clients: aggregate tokens/s"),
         ):
             values = [
@@ -240,8 +273,11 @@ def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
 
 def goals_over(route: str, ref: str) -> tuple[tuple, tuple]:
     """The lone and batched targets of `route` over the reference: the native step's over transformers' when the
-    two differ by their decoder only, else the quantized route's over float32's."""
+    two differ by their decoder only, none where they differ in compiled stretches only (no target: a ratio), else
+    the quantized route's over float32's."""
     (dtype, decoder), (ref_dtype, ref_decoder) = split_route(route), split_route(ref)
+    if (dtype, decoder) == (ref_dtype, ref_decoder):
+        return None, None
     if dtype == ref_dtype and decoder != ref_decoder:
         return DECODER_LONE_GOAL, DECODER_BATCHED_GOAL
     return LONE_GOAL, BATCHED_GOAL
@@ -287,6 +323,8 @@ def print_report(report: dict, out: TextIO) -> None:
         print(f"\n{route}: {f['dtype_reason'] or f['dtype_route']}; quantization: {f['quantization']}", file=out)
         if decoder:
             print(f"  decoder: {decoder['name']} ({decoder['reason']})", file=out)
+        if (row.get("compiled") or {}).get("state") == "on":
+            print(f"  compiled decode stretches: {row['compiled']['reason']}", file=out)
         a = row["agreement"]
         if a["first_diff"]:
             firsts = ", ".join(f"#{d['request']}@{d['token']}" for d in a["first_diff"])

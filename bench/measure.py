@@ -11,9 +11,9 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
+from model_runner.loading.cpu import cpu_name, isa_flags
 from model_runner.protocol.errors import UserError
 from model_runner.protocol.request import parse_generate
 
@@ -56,28 +56,6 @@ def kernel_facts() -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
-
-
-def cpu_name() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (a figure from one CPU is not another's)."""
-    return _cpuinfo("model name") or platform.processor() or "?"
-
-
-def isa_flags() -> list[str]:
-    """The CPU's vector and matrix extensions as /proc/cpuinfo lists them (avx*, amx*, fma, f16c)."""
-    flags = (_cpuinfo("flags") or "").split()
-    return sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
-
-
-def _cpuinfo(field: str) -> str | None:
-    """The first /proc/cpuinfo line's value for `field`, or None where there is none (not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(field):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def load_average() -> list[float] | None:

@@ -54,6 +54,8 @@ def serve(args: argparse.Namespace) -> int:
         policy = batch_invariant_policy(args, policy, remote)
     if remote is not None and args.decoder != "auto":
         raise UserError("--decoder chooses the built-in engine's decoder, not --engine's", field="decoder")
+    if remote is not None and args.compile is not None:
+        raise UserError("--compile compiles the built-in engine's step, not --engine's", field="compile")
     if args.kv_cache_mb is not None and args.kv_cache_mb <= 0:
         raise UserError(
             f"--kv-cache-mb must be a positive number of MiB, got {args.kv_cache_mb:g}", field="kv_cache_mb"
@@ -73,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
     }
     # Flags given on the command line win; the others leave the KVSCOPE_* environment and defaults alone.
     given = {"MAX_QUEUE": args.max_queue, "KV_CACHE_MB": args.kv_cache_mb, "POLICY": policy or None}
+    given["COMPILE"] = args.compile
     if args.draft_model:  # the speculative experiment's draft model: checked now, loaded on first use
         loader.preflight(args.draft_model, args.device, args.dtype)
         given["DRAFT_MODEL"] = args.draft_model
@@ -190,12 +193,20 @@ def add_batch_invariant_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_decoder_flag(parser: argparse.ArgumentParser) -> None:
+def add_step_flags(parser: argparse.ArgumentParser) -> None:
+    """--decoder, and --compile (the native step's decode stretches compiled ahead of time) beside it; --compile
+    leaves KVSCOPE_COMPILE and the app's default (auto) alone unless given."""
     parser.add_argument(
         "--decoder",
         choices=engine_defaults.DECODERS,
         default="auto",
         help=engine_defaults.DECODER_HELP + " (default auto)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=engine_defaults.COMPILE,
+        default=None,
+        help=engine_defaults.COMPILE_HELP + " (default auto, or KVSCOPE_COMPILE)",
     )
 
 
@@ -232,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default auto)",
     )
     add_batch_invariant_flag(s)
-    add_decoder_flag(s)
+    add_step_flags(s)
     s.add_argument("--threads", type=int, default=128, help="gunicorn threads: one per open WebSocket")
     s.add_argument(
         "--timeout",

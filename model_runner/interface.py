@@ -49,6 +49,11 @@ class LocalControls(Protocol):
         """Which decoder runs the steps, what `--decoder` asked and why (None until the model is loaded)."""
         ...
 
+    def compiled(self, wait: bool = False) -> dict[str, Any] | None:
+        """Whether the decode stretches run compiled ahead of time, what `--compile` asked and why (None until
+        the model is loaded); with `wait`, once a compile under way has switched in or failed."""
+        ...
+
     def batch_invariance(self) -> dict[str, Any]:
         """Whether batch-invariant mode (the policy's `batch_invariant`) is on and what it rests on here."""
         ...

@@ -1,12 +1,15 @@
 """Regional compilation measured against the eager native step: a decode layer's two stretches around attention
 (native.before_attention and after_attention: the norms, rotary embedding, residuals and SiLU gate between the
-int4 kernels) compiled once each by torch.compile and reused by every layer, the KV writes and attention left
-eager. Each variant and the eager step run the same greedy request in one process, in interleaved rounds →
-each one's median forward ms and ratio to eager, its warm-up seconds (the first variant's a compile in a fresh
-inductor cache, which the later ones share), how many graphs it compiled, whether its stretches give eager's
-bits on one decode step's inputs to the first layer, and whether its greedy answer to one prompt is eager's.
+int4 kernels) compiled once each by torch.compile and reused by every layer, and with `--aot` also compiled ahead
+of time by AOTInductor into C++ libraries as `kvscope serve --compile` builds them (no Python between their
+kernels; `--only-aot`: that one alone), the KV writes and attention left eager. Each variant and the eager step
+run the same greedy request in one process, in interleaved rounds → each one's median forward ms and ratio to
+eager, its warm-up seconds (the first variant's a compile in a fresh inductor cache, which the later ones share),
+how many graphs it compiled, whether its stretches give eager's bits on one decode step's inputs to the first
+layer, and whether its greedy answer to one prompt is eager's.
 
-    .venv/bin/python scripts/compile_probe.py [--rounds 6] [--tokens 24] [--threads N] [--json FILE]
+    .venv/bin/python scripts/compile_probe.py [--rounds 6] [--tokens 24] [--threads N] [--aot | --only-aot]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ VARIANTS = (
     ("inductor, C++ wrapper", {"cpp_wrapper": True}),
     ("inductor, one thread a kernel", {"cpp.threads": 1}),
 )
+AOT = "AOTInductor (--compile)"  # the engine's own compiled stretches (with --aot)
 EAGER = "eager"
 
 
@@ -60,13 +64,25 @@ def compiled(options: dict, backend: str = "inductor") -> tuple:
     return compile_(native.before_attention), compile_(native.after_attention)
 
 
+def aot_compiled(decoder, folder: str) -> tuple:
+    """(before_attention, after_attention) as `--compile` runs them (model_runner/local/model/compiled.py): exported
+    with the rows dynamic and compiled ahead of time by AOTInductor into C++ libraries under `folder`."""
+    from model_runner.local.model import compiled as aot
+
+    spec, why = aot.spec_of(decoder)
+    if spec is None:
+        raise SystemExit(f"no library to compile: {why}")
+    aot.build(spec, Path(folder))
+    return aot.load(Path(folder))
+
+
 def use(decoder, stretches: tuple) -> None:
-    decoder.before_attention, decoder.after_attention = stretches
+    decoder.stretches = stretches
 
 
 def captured_inputs(engine, decoder) -> tuple[tuple, tuple]:
     """The arguments the first layer's two stretches got in one eager decode step of a new request."""
-    eager = (decoder.before_attention, decoder.after_attention)
+    eager = decoder.stretches
     seen: dict[str, tuple] = {}
 
     def recorder(name, fn):
@@ -116,23 +132,27 @@ def answer(engine, tokens: int) -> list[str]:
     return texts
 
 
-def probe(engine, rounds: int, tokens: int, variants=VARIANTS, backend: str = "inductor") -> list[dict]:
+def probe(
+    engine, rounds: int, tokens: int, variants=VARIANTS, backend: str = "inductor", aot_folder: str | None = None
+) -> list[dict]:
     import torch
     from torch._dynamo.utils import counters
 
     decoder = native_of(engine)
-    eager = (decoder.before_attention, decoder.after_attention)
+    eager = decoder.stretches
     inputs = captured_inputs(engine, decoder)
     reference = answer(engine, tokens)
     rows = {EAGER: {"variant": EAGER, "options": None, "warm_s": 0.0, "graphs": 0}}
     stretches = {EAGER: eager}
     torch._dynamo.reset()  # once: a reset between variants would drop the earlier ones' compiled code
-    for name, options in variants:
-        graphs = counters["stats"]["unique_graphs"]
-        stretches[name] = compiled(options, backend)
+    for name, options in (*variants, *([(AOT, {})] if aot_folder else [])):
+        graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+        if name == AOT:  # compiled here, before any step
+            stretches[name] = aot_compiled(decoder, aot_folder)
+        else:  # compiled by the first step that calls them
+            stretches[name] = compiled(options, backend)
         use(decoder, stretches[name])
-        start = time.perf_counter()
-        decode_steps(engine, 2)  # compiles both stretches
+        decode_steps(engine, 2)
         rows[name] = {"variant": name, "options": options, "warm_s": round(time.perf_counter() - start, 1)}
         rows[name]["graphs"] = counters["stats"]["unique_graphs"] - graphs  # 2 when every layer reuses the two
         rows[name]["stretches_vs_eager"] = same_bits(eager, stretches[name], inputs)
@@ -159,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--aot", action="store_true", help="also the stretches exported and compiled by AOTInductor")
+    parser.add_argument("--only-aot", action="store_true", help="AOTInductor alone beside eager (implies --aot)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     # a fresh inductor cache, so the first variant's warm-up is its compile, not a load of an earlier run's (the
@@ -177,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **kernel_facts(),
         "load_average_before": load_average(),
-        "variants": probe(engine, args.rounds, args.tokens),
+        "variants": probe(
+            engine,
+            args.rounds,
+            args.tokens,
+            variants=() if args.only_aot else VARIANTS,
+            aot_folder=cache if args.aot or args.only_aot else None,
+        ),
         "load_average_after": load_average(),
     }
     for row in result["variants"]:

@@ -23,12 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import kernel_facts  # noqa: E402
 
 
-def engine_for(dtype: str, decoder: str):
+def engine_for(dtype: str, decoder: str, compile: str = "off"):
+    """The bundled model's engine on this route, its decode stretches compiled first where `compile` asks."""
     from model_runner.loading.loader import load
     from model_runner.local.engine import Engine, EngineConfig
 
-    config = EngineConfig(model="default", device="cpu", dtype=dtype, timeout_s=600.0, decoder=decoder)
-    return Engine(config, loaded=load("default", "cpu", dtype))
+    config = EngineConfig(model="default", device="cpu", dtype=dtype, timeout_s=600.0, decoder=decoder, compile=compile)
+    engine = Engine(config, loaded=load("default", "cpu", dtype))
+    if compile != "off" and engine.compiled(wait=True)["state"] != "on":
+        raise SystemExit(f"the decode stretches did not compile: {engine.compiled()['reason']}")
+    return engine
 
 
 def decode_steps(
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--decoder", default="native")
+    parser.add_argument("--compile", default="off", choices=("off", "on"), help="the decode stretches compiled first")
     parser.add_argument("--tokens", type=int, default=48, help="tokens a request (2 or more: one decode step)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = engine_for(args.dtype, args.decoder)
+    engine = engine_for(args.dtype, args.decoder, args.compile)
     decode_steps(engine, 8, clients=args.clients)  # warm: first calls allocate, pack and tune
     runs, forward_runs = [], []
     for _ in range(args.repeats):
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": list(os.getloadavg()),
         "clients": args.clients,
         "route": f"{args.dtype}:{engine.decoder()['name'] if isinstance(engine.decoder(), dict) else engine.decoder()}",
+        "compiled": engine.compiled(),
         "median_step_ms_per_repeat": [round(r, 2) for r in runs],  # engine.step(): schedule, forward, postprocess
         "median_forward_ms_per_repeat": [round(r, 2) for r in forward_runs],  # the token events' step_ms
         "profile": profile(engine, args.tokens, args.top, args.clients, args.decode_only),

@@ -240,7 +240,10 @@ class LiveServer:
         self.log_path = ARTIFACTS / f"server-{model.replace('/', '_')}-{self.port}.log"
         ARTIFACTS.mkdir(exist_ok=True)
         pythonpath = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **(env or {})}
+        # The eager step unless a test asks (`--compile` or KVSCOPE_COMPILE): a server that compiled its stretches
+        # would spend half a minute of the suite's two cores in a C++ compiler (tests/live/test_compiled_live.py).
+        base = {"KVSCOPE_COMPILE": "off", **os.environ}
+        full_env = {**base, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **(env or {})}
         cmd = [
             sys.executable,
             "-c",

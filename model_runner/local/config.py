@@ -14,6 +14,11 @@ BLOCK_SIZE = 16  # tokens per paged KV block (vLLM's default)
 POLICY = Policy()  # continuous batching, 16 requests, 512 tokens a step, chunking and prefix caching off
 CUDA_GRAPHS = "auto"  # decode steps replayed as CUDA graphs where the device is CUDA
 DECODERS = ("auto", "native", "transformers")  # local/model/decoders.py
+COMPILE = ("auto", "on", "off")  # local/model/compiled.py: the native step's decode stretches compiled ahead of time
+COMPILE_HELP = (
+    "the native step's int4 decode stretches compiled ahead of time by AOTInductor, in the background while the "
+    "eager step serves, then kept in the cache: auto (on a CPU where they measured faster), on, off"
+)
 DECODER_HELP = (
     "which code runs a step: auto (native for Llama-family models: Llama, SmolLM2, Qwen2, Qwen3; transformers for "
     "the rest), native (kvscope's plain-torch decoder step over the paged pool) or transformers (the model's own "
@@ -39,3 +44,6 @@ class EngineConfig:
     cuda_graphs: str = CUDA_GRAPHS
     # Which decoder runs a step (local/model/decoders.py): auto (native for the Llama family), native or transformers.
     decoder: str = "auto"
+    # The native step's decode stretches compiled ahead of time (local/model/compiled.py): off for an engine made in
+    # a process (tests, the bench, scripts), auto for `kvscope serve` (the app's DEFAULTS).
+    compile: str = "off"

@@ -21,6 +21,7 @@ from model_runner.local.announce import Announcer
 from model_runner.local.config import EngineConfig
 from model_runner.local.controls import AdmissionControls
 from model_runner.local.kv_cache import PagedKVPool, blocks_for_megabytes, default_blocks
+from model_runner.local.model import compiled as aot
 from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.postprocess import Postprocess, terminal_event
 from model_runner.local.scheduler import Scheduler, StepPlan
@@ -53,12 +54,12 @@ class Engine(EngineBase, AdmissionControls):
         self._forward_invariant = False  # the mode self._forward was made for
         self._forwards: Forwards | None = None  # each mode's, once the model is loaded
         self._decoder: dict[str, Any] | None = None  # which decoder runs the steps, once the model is loaded
+        self._compiled: aot.Compiled | None = None  # its decode stretches compiled ahead of time, once loaded
         self._post: Postprocess | None = None  # with the pool, once the model is loaded
         self._announce = Announcer(self.feed, config.feed_text)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._status, self._reason = "loading", None
-        self._stopping = False
+        self._status, self._reason, self._stopping = "loading", None, False
         self._closed: str | None = None  # why the worker takes no more requests (set under the lock)
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
@@ -116,6 +117,7 @@ class Engine(EngineBase, AdmissionControls):
         self.pool.set_prefix_caching(self.scheduler.policy.prefix_caching)
         decoder = decoder_for(self.loaded.model, self.pool, self.config.decoder)
         self._decoder = decoder_report(decoder, self.loaded.model, self.config.decoder)
+        self._compiled = aot.start(decoder, self.config.compile, self.loaded.model.device)
         self._forwards = Forwards(self.loaded.model, self.pool, decoder, self.config.cuda_graphs)
         self._forward = self._forwards.of(self.scheduler.policy)
         self._forward_invariant = self.scheduler.policy.batch_invariant
@@ -227,6 +229,10 @@ class Engine(EngineBase, AdmissionControls):
     def decoder(self) -> dict[str, Any] | None:
         """Which decoder runs the steps and why (local/model/decoders.py); None until the model is loaded."""
         return self._decoder
+
+    def compiled(self, wait: bool = False) -> dict[str, Any] | None:
+        """Whether the decode stretches run compiled, and why (local/model/compiled.py; with `wait`, once settled)."""
+        return (self._compiled.wait() if wait else self._compiled).to_dict() if self._compiled is not None else None
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and the pool, for health pages and observers that join late."""

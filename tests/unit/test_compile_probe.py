@@ -40,7 +40,7 @@ def test_the_stretches_are_traced_once_for_every_layer_and_keep_the_eager_bits(f
 def test_the_native_step_runs_the_stretches_it_holds():
     run = Run(int4_llama(), "native")
     decoder, calls = run.forward.decoder, []
-    assert (decoder.before_attention, decoder.after_attention) == (native.before_attention, native.after_attention)
+    assert decoder.stretches == (native.before_attention, native.after_attention)
 
     def counted(fn):
         return lambda *args: calls.append(fn.__name__) or fn(*args)

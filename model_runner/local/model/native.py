@@ -200,8 +200,9 @@ class NativeLlama:
         self.v_after_k = values_after_keys(self.layers)
         self.all_int4 = all(layer.kernels is not None for layer in self.layers)  # every layer's four calls int4
         self.qk_width = (self.heads + self.kv_heads) * self.head_dim  # q's and k's outputs, before v's
-        # A decode layer's stretches around attention on int4 kernels (scripts/compile_probe.py compiles them)
-        self.before_attention, self.after_attention = before_attention, after_attention
+        # A decode layer's stretches around attention on int4 kernels, read once a step: eager, or compiled ahead of
+        # time once a library gives their bits (local/model/compiled.py; scripts/compile_probe.py measures both)
+        self.stretches = (before_attention, after_attention)
 
     def inspects(self) -> bool:
         return True  # every step can hand its queries and keys to an attention probe
@@ -217,8 +218,9 @@ class NativeLlama:
         mode = self._attention(step)
         attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype) if mode is DecodeRows else mode
         if self._on_decode_kernels(attend, h):
+            stretches = self.stretches
             for layer in self.layers:
-                h = self._decode_layer(layer, h, cos, sin, step, attend)
+                h = self._decode_layer(layer, h, cos, sin, step, attend, stretches)
         else:
             for layer in self.layers:
                 h = self._layer(layer, h, cos, sin, step, attend)
@@ -247,16 +249,17 @@ class NativeLlama:
             self.groups > 1 and use_gqa_in_sdpa(attend.mask, first.k_cache, first.v_cache)
         )
 
-    def _decode_layer(self, layer: Layer, h, cos, sin, step: PagedStep, rows: DecodeRows) -> torch.Tensor:
+    def _decode_layer(self, layer: Layer, h, cos, sin, step: PagedStep, rows: DecodeRows, stretches) -> torch.Tensor:
         """`_layer` for a step of decode rows on int4 kernels, h [1, R, D] → [1, R, D]: the same ops on the same
         shapes (so the same bits: tests/unit/test_native_decoder.py), minus the modules' dispatch and checks,
         made once a step rather than four times a layer. Writes the step's K and V into this layer's pages."""
         qkv_kernel, o_kernel, gate_up_kernel, down_kernel = layer.kernels
-        qk, v = self.before_attention(h, layer.attention_norm, qkv_kernel, cos, sin, self.head_dim, self.qk_width)
+        before_attention, after_attention = stretches
+        qk, v = before_attention(h, layer.attention_norm, qkv_kernel, cos, sin, self.head_dim, self.qk_width)
         layer.k_cache.index_copy_(0, step.write, qk[0, self.heads :].transpose(0, 1))  # [R, kv_heads, d]
         layer.v_cache.index_copy_(0, step.write, v.view(-1, self.kv_heads, self.head_dim))
         out = rows.attend_grouped(qk[:, : self.heads], layer.k_cache, layer.v_cache, self.scaling, self.v_after_k)
-        return self.after_attention(h, out, o_kernel, layer.mlp_norm, gate_up_kernel, down_kernel)
+        return after_attention(h, out, o_kernel, layer.mlp_norm, gate_up_kernel, down_kernel)
 
     def _layer(self, layer: Layer, h, cos, sin, step: PagedStep, attend) -> torch.Tensor:
         """One decoder layer on h [1, T, D] → [1, T, D]; writes the step's K and V into this layer's pages."""
