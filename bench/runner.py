@@ -63,7 +63,9 @@ def add_parser(subparsers) -> None:
         metavar="LIST",
         help="compare dtype routes in one run (default float32,auto; the first is the reference): lone-client "
         "decode tokens/s, prefill, aggregate tokens/s at --concurrency (default 8) clients, memory, and greedy "
-        "agreement on the quality prompts, with ratios (target: auto >= 2.5x float32 alone)",
+        "agreement on the quality prompts, with ratios (target: auto >= 2.5x float32 alone); a route may name its "
+        "decoder (auto:native) and then :compiled for its decode stretches compiled ahead of time (auto:native:compiled, "
+        "set beside its eager twin too)",
     )
     b.add_argument(
         "--anchor",
