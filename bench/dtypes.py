@@ -249,13 +249,10 @@ def _row(engine, runs: dict, answers: list, reference: list) -> dict:
 def _ratios(rows: dict, runs: dict, routes: list[str], clients: int) -> dict:
     """Each route over the reference, repeat by repeat (the same turn of the same run), then the median; a
     `:compiled` route over its eager twin too, where the run has it."""
-    ref, report = routes[0], {}
-    pairs = [(route, ref) for route in routes[1:]]
-    pairs += [
-        (r, r.removesuffix(f":{COMPILED}"))
-        for r in routes
-        if compiled_route(r) and r.removesuffix(f":{COMPILED}") in routes
-    ]
+    report = {}
+    twins = {r: r.removesuffix(f":{COMPILED}") for r in routes if compiled_route(r)}
+    pairs = [(route, routes[0]) for route in routes[1:]]
+    pairs += [(route, eager) for route, eager in twins.items() if eager in routes]
     for route, ref in pairs:
         lone_goal, batched_goal = goals_over(route, ref)
         for name, key, field_, goal, what in (
