@@ -18,6 +18,7 @@ from model_runner.local.engine import Engine, EngineConfig
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.model.native import NativeLlama, native_support
+from model_runner.local.model.paged_step import PagedStep, rows_apart_pay
 from model_runner.local.step.invariant import InvariantSteps
 from model_runner.protocol.errors import UserError
 
@@ -85,6 +86,58 @@ def test_a_decode_step_of_several_rows_is_within_float32_rounding_and_keeps_each
         assert torch.equal(kv_native[:, :-1], kv_reference[:, :-1])  # the prompts' rows: the same step, the same bits
         assert torch.equal(kv_native[:2], kv_reference[:2])  # layer 0's K and V come before any attention
         torch.testing.assert_close(kv_native, kv_reference, rtol=0, atol=1e-5)  # later layers: after attention
+
+
+def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the_packed_batch(monkeypatch):
+    model = fake_model()
+    native, reference = Run(model, "native"), Run(model, "transformers")
+    keys_seen = []  # the key count of each attention call the native step makes
+    attend = NativeLlama._attend
+    monkeypatch.setattr(
+        NativeLlama, "_attend", lambda self, q, k, v, m: keys_seen.append(k.shape[2]) or attend(self, q, k, v, m)
+    )
+    prompts = [("a", list(range(40, 52))), ("b", list(range(10, 22))), ("c", list(range(60, 70)))]
+    got, want = native.step(prompts), reference.step(prompts)
+    assert keys_seen == [12, 12, 10] * 2  # each prompt over its own keys, in both layers; packed: [34, 34]
+    assert_within_rounding(got, want)
+    for key in "abc":
+        kv_native, kv_reference = native.kv(key), reference.kv(key)
+        assert torch.equal(kv_native[:2], kv_reference[:2])  # layer 0's K and V come before any attention
+        torch.testing.assert_close(kv_native, kv_reference, rtol=0, atol=1e-5)
+    keys_seen.clear()  # a chunk after its past beside two decode rows: each row over its own past and new keys
+    rows = [("a", list(range(1, 9))), ("b", [5]), ("c", [6])]
+    got, want = native.step(rows), reference.step(rows)
+    assert keys_seen == [20, 13, 11] * 2
+    assert_within_rounding(got, want)
+
+
+def _step_of(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
+    """A PagedStep's shape for rows of (new tokens, keys), its tensors empty but for cu_q and cu_k."""
+    cu_q, cu_k = [0], [0]
+    for new, keys in rows:
+        cu_q.append(cu_q[-1] + new)
+        cu_k.append(cu_k[-1] + keys)
+    none = torch.empty(0, dtype=torch.long)
+    return PagedStep(ids=torch.empty(cu_q[-1], dtype=torch.long, device=device), positions=none, mask=None,
+                     cu_q=torch.tensor(cu_q), cu_k=torch.tensor(cu_k), max_q=max(n for n, _ in rows),
+                     max_k=max(k for _, k in rows), write=none, read=none, keep=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "apart"),
+    [
+        ([(64, 64)] * 8, True),  # eight prompts packed: 512 × 512 pairs scored, 8 × 64 × 64 used
+        ([(5, 5), (3, 3)], False),  # 34 pairs used of 64: under half wasted, one call stays cheaper
+        ([(12, 12), (12, 12), (10, 10)], True),
+        ([(8, 20), (1, 13), (1, 11)], True),  # a chunk after its past beside decode rows: 184 pairs of 440
+        ([(4, 16), (1, 13)], False),  # 77 of 145
+        ([(64, 64)], False),  # one row: the packed call is its own
+        ([(1, 40), (1, 30)], False),  # one-token rows: DecodeRows' (or the padded static step's)
+    ],
+)
+def test_rows_are_attended_apart_where_the_packed_batch_scores_twice_the_pairs_it_keeps(rows, apart):
+    assert rows_apart_pay(_step_of(rows)) is apart
+    assert rows_apart_pay(_step_of(rows, device="meta")) is False  # off the CPU: the packed call
 
 
 def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():

@@ -3,8 +3,9 @@ a packed step of the engine over its paged KV pool — RMSNorm, rotary embedding
 `scaled_dot_product_attention`, the SiLU-gated MLP — on the model's own modules' weights and the route's
 weight kernels, without the framework's per-layer machinery. Each op is the one transformers' Llama forward
 runs, in the same order and on tensors of the same shapes, so its logits are transformers' bits at the same
-shapes; a decode step of several rows attends each row over its own keys (DecodeRows), within rounding of the
-packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
+shapes; a decode step of several rows attends each row over its own keys (DecodeRows), and so does a CPU step
+of several prompts or chunks where the packed batch would score twice the pairs it keeps (rows_apart_pay), each
+within rounding of the packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 
 from model_runner.loading.quantize import MM_DTYPE, decode_kernel, int4_mm
 from model_runner.local.kv_cache import FULL
-from model_runner.local.model.paged_step import PagedStep, attend_row_by_row
+from model_runner.local.model.paged_step import PagedStep, attend_row_by_row, rows_apart_pay
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # config.model_type of the decoder layers this step runs (Qwen3: head norms)
 SILU = (SiLUActivation, nn.SiLU)  # transformers' "silu" and "swish": both nn.functional.silu
@@ -229,12 +230,17 @@ class NativeLlama:
 
     @staticmethod
     def _attention(step: PagedStep):
-        """How this step's queries meet their keys: row by row in batch-invariant mode; each decode row over its
-        own gathered keys (DecodeRows: no block-diagonal waste, no key head copied per query head) when the step
-        is decode tokens only and nothing is inspected; else the packed batch under its mask."""
+        """How this step's queries meet their keys: row by row in batch-invariant mode; when nothing is
+        inspected, each decode row over its own gathered keys (DecodeRows: no block-diagonal waste, no key head
+        copied per query head) if the step is decode tokens only, and row by row where the packed batch would
+        do at least twice the rows' own work (rows_apart_pay); else the packed batch under its mask."""
         if step.row_by_row:
             return ROW_BY_ROW
-        return DecodeRows if step.decode_rows and step.probe is None else PACKED
+        if step.probe is not None:
+            return PACKED
+        if step.decode_rows:
+            return DecodeRows
+        return ROW_BY_ROW if rows_apart_pay(step) else PACKED
 
     def _on_decode_kernels(self, attend, h: torch.Tensor) -> bool:
         """Whether this step's layers, on h [1, R, D], may call their int4 kernels directly (`_decode_layer`):

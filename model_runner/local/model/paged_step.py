@@ -1,7 +1,8 @@
 """The contract between the engine's forwards and its decoders: a `PagedStep` (one packed forward over the
 paged KV pool: the rows' new tokens, their positions, the slots they write and read, their mask, and how its
 queries meet their keys) and the `Decoder` that runs it — transformers' model call or the native step
-(local/model/decoders.py); and `attend_row_by_row`, batch-invariant attention, which both decoders run."""
+(local/model/decoders.py); and `attend_row_by_row`, batch-invariant attention, which both decoders run and the
+native step also runs where it pays (`rows_apart_pay`)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,17 @@ def attend_row_by_row(
         part = (x[:, :, k0:k1].contiguous() for x in (keys, values))
         outputs.append(attend(query[:, :, q0:q1].contiguous(), *part, own))
     return torch.cat(outputs, dim=1)
+
+
+def rows_apart_pay(step: PagedStep) -> bool:
+    """Whether a CPU step of several rows (prompts, chunks, decodes beside them) attends faster row by row
+    (attend_row_by_row): the packed batch scores all T queries against all K keys and masks the other rows'
+    away, row r needs only its t_r × k_r, so eight 64-token prompts packed score eight times the pairs they
+    use. Apart when some row brings a prompt or a chunk (a step of one-token rows is DecodeRows' or the padded
+    static step's, whose shapes stay fixed) and the packed pairs are at least twice the rows' own; a GPU keeps
+    the packed call (its many small calls would cost launches, not arithmetic; not measured)."""
+    if step.ids.device.type != "cpu" or step.cu_q.numel() < 3 or step.max_q < 2:
+        return False
+    cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
+    own = sum((cu_q[r + 1] - cu_q[r]) * (cu_k[r + 1] - cu_k[r]) for r in range(len(cu_q) - 1))
+    return 2 * own <= cu_q[-1] * cu_k[-1]
