@@ -90,24 +90,24 @@ def test_a_decode_step_of_several_rows_is_within_float32_rounding_and_keeps_each
 
 def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the_packed_batch(monkeypatch):
     model = fake_model()
-    native, reference = Run(model, "native"), Run(model, "transformers")
+    native, reference = Run(model, "native", blocks=64), Run(model, "transformers", blocks=64)
     keys_seen = []  # the key count of each attention call the native step makes
     attend = NativeLlama._attend
     monkeypatch.setattr(
         NativeLlama, "_attend", lambda self, q, k, v, m: keys_seen.append(k.shape[2]) or attend(self, q, k, v, m)
     )
-    prompts = [("a", list(range(40, 52))), ("b", list(range(10, 22))), ("c", list(range(60, 70)))]
+    prompts = [("a", list(range(1, 101))), ("b", list(range(40, 240))), ("c", list(range(1, 201)))]
     got, want = native.step(prompts), reference.step(prompts)
-    assert keys_seen == [12, 12, 10] * 2  # each prompt over its own keys, in both layers; packed: [34, 34]
+    assert keys_seen == [100, 200, 200] * 2  # each prompt over its own keys, in both layers; packed: [500, 500]
     assert_within_rounding(got, want)
     for key in "abc":
         kv_native, kv_reference = native.kv(key), reference.kv(key)
         assert torch.equal(kv_native[:2], kv_reference[:2])  # layer 0's K and V come before any attention
         torch.testing.assert_close(kv_native, kv_reference, rtol=0, atol=1e-5)
     keys_seen.clear()  # a chunk after its past beside two decode rows: each row over its own past and new keys
-    rows = [("a", list(range(1, 9))), ("b", [5]), ("c", [6])]
+    rows = [("a", list(range(1, 97))), ("b", [5]), ("c", [6])]
     got, want = native.step(rows), reference.step(rows)
-    assert keys_seen == [20, 13, 11] * 2
+    assert keys_seen == [196, 201, 201] * 2
     assert_within_rounding(got, want)
 
 
@@ -127,15 +127,17 @@ def _step_of(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
     ("rows", "apart"),
     [
         ([(64, 64)] * 8, True),  # eight prompts packed: 512 × 512 pairs scored, 8 × 64 × 64 used
-        ([(5, 5), (3, 3)], False),  # 34 pairs used of 64: under half wasted, one call stays cheaper
-        ([(12, 12), (12, 12), (10, 10)], True),
-        ([(8, 20), (1, 13), (1, 11)], True),  # a chunk after its past beside decode rows: 184 pairs of 440
-        ([(4, 16), (1, 13)], False),  # 77 of 145
+        ([(64, 64)] * 4, True),  # 12,288 pairs saved a row
+        ([(32, 32)] * 4, False),  # 3,072 a row: the calls would cost more than they save
+        ([(64, 64)] * 2, False),  # 4,096 a row
+        ([(5, 5), (3, 3)], False),  # 34 of 64 pairs used: under half wasted
+        ([(1000, 1000), (10, 10)], False),  # a long prompt beside a short one: the packed batch wastes little
+        ([(96, 196), (1, 201), (1, 201)], True),  # a chunk after its past beside decode rows
         ([(64, 64)], False),  # one row: the packed call is its own
-        ([(1, 40), (1, 30)], False),  # one-token rows: DecodeRows' (or the padded static step's)
+        ([(1, 400), (1, 300)], False),  # one-token rows: DecodeRows' (or the padded static step's)
     ],
 )
-def test_rows_are_attended_apart_where_the_packed_batch_scores_twice_the_pairs_it_keeps(rows, apart):
+def test_rows_are_attended_apart_where_the_pairs_saved_pay_for_the_calls(rows, apart):
     assert rows_apart_pay(_step_of(rows)) is apart
     assert rows_apart_pay(_step_of(rows, device="meta")) is False  # off the CPU: the packed call
 

@@ -86,15 +86,25 @@ def attend_row_by_row(
     return torch.cat(outputs, dim=1)
 
 
+# The query-key pairs a row's own attention call must save to pay for itself: its slices, copies and call cost
+# about what sdpa spends on this many pairs of the bundled model's heads (measured on a 2-core Xeon with
+# scripts/prompt_step_probe.py: 2 prompts of 64 tokens, 4k pairs saved a row, ran 6 % slower apart; 4 of 64,
+# 12k, 4 % faster; docs/performance.md)
+SAVED_PAIRS_PER_ROW = 8192
+
+
 def rows_apart_pay(step: PagedStep) -> bool:
     """Whether a CPU step of several rows (prompts, chunks, decodes beside them) attends faster row by row
     (attend_row_by_row): the packed batch scores all T queries against all K keys and masks the other rows'
     away, row r needs only its t_r × k_r, so eight 64-token prompts packed score eight times the pairs they
     use. Apart when some row brings a prompt or a chunk (a step of one-token rows is DecodeRows' or the padded
-    static step's, whose shapes stay fixed) and the packed pairs are at least twice the rows' own; a GPU keeps
-    the packed call (its many small calls would cost launches, not arithmetic; not measured)."""
+    static step's, whose shapes stay fixed) and the pairs saved are at least the rows' own and at least
+    SAVED_PAIRS_PER_ROW a row; a GPU keeps the packed call (its many small calls would cost launches, not
+    arithmetic; not measured)."""
     if step.ids.device.type != "cpu" or step.cu_q.numel() < 3 or step.max_q < 2:
         return False
     cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
-    own = sum((cu_q[r + 1] - cu_q[r]) * (cu_k[r + 1] - cu_k[r]) for r in range(len(cu_q) - 1))
-    return 2 * own <= cu_q[-1] * cu_k[-1]
+    rows = len(cu_q) - 1
+    own = sum((cu_q[r + 1] - cu_q[r]) * (cu_k[r + 1] - cu_k[r]) for r in range(rows))
+    saved = cu_q[-1] * cu_k[-1] - own
+    return saved >= own and saved >= SAVED_PAIRS_PER_ROW * rows
