@@ -1,7 +1,7 @@
 """Stepping one decoder's batched forward over a pool of its own, the way the engine steps it, so two decoders
 (or two companies) can be given the same rows and their logits and K/V rows compared (tests of
 model_runner/local/model/native.py, on the fake model and on the real one), and the small random models they
-step: `tiny` of each family, `int4_llama` on the int4 route."""
+step: `tiny` of each family, `int4_llama` on the int4 route; and `step_shape`, a step's shape alone."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from transformers import (
 from model_runner.loading.quantize import quantize_int4
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for
+from model_runner.local.model.paged_step import PagedStep
 from model_runner.local.scheduler import Work
 from model_runner.local.step.forward import BatchForward
 from model_runner.shared.sequence import Sequence
@@ -91,3 +92,16 @@ def int4_llama(kv_heads: int = 2):
                  num_key_value_heads=kv_heads, head_dim=64)  # fmt: skip
     quantize_int4(model)
     return model
+
+
+def step_shape(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
+    """A PagedStep of rows of (new tokens, keys): its shape alone, its tensors empty but for cu_q and cu_k (for
+    what decides by shape, such as paged_step.rows_apart_pay)."""
+    cu_q, cu_k = [0], [0]
+    for new, keys in rows:
+        cu_q.append(cu_q[-1] + new)
+        cu_k.append(cu_k[-1] + keys)
+    none = torch.empty(0, dtype=torch.long)
+    return PagedStep(ids=torch.empty(cu_q[-1], dtype=torch.long, device=device), positions=none, mask=None,
+                     cu_q=torch.tensor(cu_q), cu_k=torch.tensor(cu_k), max_q=max(n for n, _ in rows),
+                     max_k=max(k for _, k in rows), write=none, read=none, keep=0)  # fmt: skip

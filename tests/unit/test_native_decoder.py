@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_runs import Run, int4_llama, tiny
+from decoder_runs import Run, int4_llama, step_shape, tiny
 from kvscope_testkit import ask
 from numerics import assert_within_rounding
 
@@ -18,7 +18,7 @@ from model_runner.local.engine import Engine, EngineConfig
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for, decoder_report
 from model_runner.local.model.native import NativeLlama, native_support
-from model_runner.local.model.paged_step import PagedStep, rows_apart_pay
+from model_runner.local.model.paged_step import rows_apart_pay
 from model_runner.local.step.invariant import InvariantSteps
 from model_runner.protocol.errors import UserError
 
@@ -111,18 +111,6 @@ def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the
     assert_within_rounding(got, want)
 
 
-def _step_of(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
-    """A PagedStep's shape for rows of (new tokens, keys), its tensors empty but for cu_q and cu_k."""
-    cu_q, cu_k = [0], [0]
-    for new, keys in rows:
-        cu_q.append(cu_q[-1] + new)
-        cu_k.append(cu_k[-1] + keys)
-    none = torch.empty(0, dtype=torch.long)
-    return PagedStep(ids=torch.empty(cu_q[-1], dtype=torch.long, device=device), positions=none, mask=None,
-                     cu_q=torch.tensor(cu_q), cu_k=torch.tensor(cu_k), max_q=max(n for n, _ in rows),
-                     max_k=max(k for _, k in rows), write=none, read=none, keep=0)  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("rows", "apart"),
     [
@@ -138,8 +126,8 @@ def _step_of(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
     ],
 )
 def test_rows_are_attended_apart_where_the_pairs_saved_pay_for_the_calls(rows, apart):
-    assert rows_apart_pay(_step_of(rows)) is apart
-    assert rows_apart_pay(_step_of(rows, device="meta")) is False  # off the CPU: the packed call
+    assert rows_apart_pay(step_shape(rows)) is apart
+    assert rows_apart_pay(step_shape(rows, device="meta")) is False  # off the CPU: the packed call
 
 
 def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():
