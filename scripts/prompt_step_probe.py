@@ -1,9 +1,10 @@
 """The step of several prompts arriving together, their attention packed against apart: `--clients N` prompts of
 about `--prompt-tokens` tokens each, submitted at once and run to their first token, in interleaved rounds in one
-process — once as the native step decides (each prompt over its own keys where `rows_apart_pay` says it pays) and
-once with every step packed — so the machine's drift favours neither. → each mode's median time for the prompts'
-steps (the engine's step(): schedule, forward, postprocess), their ratio, whether the first tokens agree, and the
-machine's facts (docs/performance.md).
+process — once with every step packed and once with every step of two or more rows apart (each prompt over its
+own keys), whatever the engine's rule says — so the machine's drift favours neither. → each mode's median time
+for the prompts' steps (the engine's step(): schedule, forward, postprocess), their ratio, what the rule
+(`rows_apart_pay`) chose for each step, whether the first tokens agree, and the machine's facts
+(docs/performance.md).
 
     .venv/bin/python scripts/prompt_step_probe.py [--clients 8] [--prompt-tokens 64] [--rounds 9] [--threads N]
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -20,39 +20,60 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import kernel_facts  # noqa: E402
+from bench.measure import kernel_facts, load_average  # noqa: E402
 
 MODES = ("packed", "apart")
 
 
-def prompts_step(engine, bodies: list[dict], mode: str) -> tuple[float, int, list[int]]:
+def forced(mode: str, chosen: list[bool]):
+    """The rule the probe runs in `mode`: never apart ("packed") or apart wherever a CPU step has two or more
+    rows and one of them two or more tokens ("apart"); each step's own rule's choice goes to `chosen`."""
+    from model_runner.local.model.paged_step import rows_apart_pay
+
+    seen = []  # the step last asked about: the engine asks twice a step (its mask, then its run)
+
+    def rule(step) -> bool:
+        if not seen or seen[-1] is not step:
+            seen[:] = [step]
+            chosen.append(rows_apart_pay(step))
+        if mode == "packed":
+            return False
+        return step.ids.device.type == "cpu" and step.cu_q.numel() > 2 and step.max_q > 1
+
+    return rule
+
+
+def prompts_step(engine, bodies: list[dict], mode: str) -> tuple[float, list[bool], list[int]]:
     """The bodies submitted at once and stepped on this thread until each has its first token, every step's
-    attention `mode` ("apart": as the native step decides; "packed": never apart) → (ms in those steps, the
-    steps, each request's first token)."""
+    attention as `mode` forces it → (ms in those steps, the engine's rule's choice at each step, each request's
+    first token)."""
     import torch
 
     from model_runner.local.model import native
-    from model_runner.local.model.paged_step import rows_apart_pay
     from model_runner.protocol.request import parse_generate
 
+    previous, chosen = native.rows_apart_pay, []
+    native.rows_apart_pay = forced(mode, chosen)
     handles = [engine.submit(parse_generate(body)) for body in bodies]
     firsts: dict[int, int] = {}
-    elapsed, steps = 0.0, 0
-    native.rows_apart_pay = rows_apart_pay if mode == "apart" else (lambda step: False)
+    elapsed = 0.0
     try:
         with torch.inference_mode():
             while not all(handle.done for handle in handles):
                 start = time.perf_counter()
-                engine.step()
-                elapsed, steps = elapsed + (time.perf_counter() - start) * 1000, steps + 1
+                if not engine.step():
+                    raise RuntimeError("the engine had nothing to step before every prompt had its first token")
+                elapsed += (time.perf_counter() - start) * 1000
                 for i, handle in enumerate(handles):
                     while (event := handle.next_event(timeout=0)) is not None:
                         body = event.to_dict()
                         if body.get("type") == "token":
                             firsts.setdefault(i, body["id"])
     finally:
-        native.rows_apart_pay = rows_apart_pay
-    return elapsed, steps, [firsts.get(i, -1) for i in range(len(bodies))]
+        native.rows_apart_pay = previous
+    if len(firsts) < len(bodies):
+        raise RuntimeError(f"{len(bodies) - len(firsts)} of {len(bodies)} prompts ended without a first token")
+    return elapsed, chosen, [firsts[i] for i in range(len(bodies))]
 
 
 def probe(engine, clients: int, prompt_tokens: int, rounds: int) -> dict:
@@ -63,19 +84,21 @@ def probe(engine, clients: int, prompt_tokens: int, rounds: int) -> dict:
     for mode in MODES:  # warm: first calls allocate and tune
         prompts_step(engine, bodies, mode)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    steps: dict[str, set[int]] = {mode: set() for mode in MODES}
+    choices: dict[str, set[tuple[bool, ...]]] = {mode: set() for mode in MODES}
     firsts: dict[str, list[int]] = {}
     for round_ in range(rounds):
         for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
-            ms, n, tokens = prompts_step(engine, bodies, mode)
+            ms, chosen, tokens = prompts_step(engine, bodies, mode)
             times[mode].append(round(ms, 2))
-            steps[mode].add(n)
+            choices[mode].add(tuple(chosen))
             firsts[mode] = tokens
     packed, apart = (statistics.median(times[mode]) for mode in MODES)
     return {
         "clients": clients,
         "prompt_tokens": [p.tokens for p in prompts],
-        "steps": {mode: sorted(steps[mode]) for mode in MODES},
+        "steps": {mode: sorted(len(c) for c in choices[mode]) for mode in MODES},
+        # what the engine's own rule chose at each step, the same in every round and mode (the same steps)
+        "rule_apart": [list(c) for c in sorted(choices["packed"] | choices["apart"])],
         "ms_per_round": times,
         "median_ms": {"packed": round(packed, 2), "apart": round(apart, 2)},
         "apart_over_packed": round(apart / packed, 3),
@@ -106,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(model=args.model, device="cpu", dtype="auto", timeout_s=600.0, decoder="native")
     engine = Engine(config, loaded=load(args.model, "cpu", "auto"))
     command = "python scripts/prompt_step_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"command": command, **kernel_facts(), "load_average_before": list(os.getloadavg())}
+    result = {"command": command, **kernel_facts(), "load_average_before": load_average()}
     result |= probe(engine, args.clients, args.prompt_tokens, args.rounds)
-    result["load_average_after"] = list(os.getloadavg())
+    result["load_average_after"] = load_average()
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -94,14 +94,16 @@ def int4_llama(kv_heads: int = 2):
     return model
 
 
-def step_shape(rows: list[tuple[int, int]], device: str = "cpu") -> PagedStep:
-    """A PagedStep of rows of (new tokens, keys): its shape alone, its tensors empty but for cu_q and cu_k (for
-    what decides by shape, such as paged_step.rows_apart_pay)."""
+def step_shape(rows: list[tuple[int, int]], device: str = "cpu", **flags) -> PagedStep:
+    """A PagedStep of rows of (new tokens, keys): its shape alone, for what decides by shape (such as
+    paged_step.rows_apart_pay): cu_q and cu_k as the batched forward builds them, its other tensors empty
+    (`ids` on `device`, where the rule reads it); `flags`: probe, decode_rows, row_by_row."""
     cu_q, cu_k = [0], [0]
     for new, keys in rows:
         cu_q.append(cu_q[-1] + new)
         cu_k.append(cu_k[-1] + keys)
     none = torch.empty(0, dtype=torch.long)
-    return PagedStep(ids=torch.empty(cu_q[-1], dtype=torch.long, device=device), positions=none, mask=None,
-                     cu_q=torch.tensor(cu_q), cu_k=torch.tensor(cu_k), max_q=max(n for n, _ in rows),
-                     max_k=max(k for _, k in rows), write=none, read=none, keep=0)  # fmt: skip
+    return PagedStep(ids=torch.empty(0, dtype=torch.long, device=device), positions=none, mask=None,
+                     cu_q=torch.tensor(cu_q, dtype=torch.int32), cu_k=torch.tensor(cu_k, dtype=torch.int32),
+                     max_q=max(n for n, _ in rows), max_k=max(k for _, k in rows), write=none, read=none, keep=0,
+                     **flags)  # fmt: skip

@@ -17,7 +17,7 @@ from model_runner.loading import loader
 from model_runner.local.engine import Engine, EngineConfig
 from model_runner.local.kv_cache import PagedKVPool
 from model_runner.local.model.decoders import decoder_for, decoder_report
-from model_runner.local.model.native import NativeLlama, native_support
+from model_runner.local.model.native import PACKED, ROW_BY_ROW, DecodeRows, NativeLlama, native_support
 from model_runner.local.model.paged_step import rows_apart_pay
 from model_runner.local.step.invariant import InvariantSteps
 from model_runner.protocol.errors import UserError
@@ -51,7 +51,8 @@ FAMILIES = {
 }
 
 
-# Steps whose shapes both decoders run alike: prompts packed together, a chunk after a past, lone decodes.
+# Steps whose shapes both decoders run alike: prompts packed together (few and short: the rule keeps them packed,
+# checked below), a chunk after a past, lone decodes.
 SAME_SHAPES = [
     [("a", [5, 6, 7, 8, 9]), ("b", [11, 12, 13])],  # two prompts in one packed step
     [("a", [20, 21, 22])],  # a chunk of three after a past of five
@@ -66,6 +67,7 @@ def test_native_logits_and_kv_are_transformers_bits_at_the_same_shapes(family):
     model = FAMILIES[family]()
     native, reference = Run(model, "native"), Run(model, "transformers")
     assert native.forward.decoder.name == "native" and reference.forward.decoder.name == "transformers"
+    assert not rows_apart_pay(step_shape([(5, 5), (3, 3)]))  # SAME_SHAPES' first step stays packed
     for rows in SAME_SHAPES:
         assert torch.equal(native.step(rows), reference.step(rows)), rows
     for key in ("a", "b"):
@@ -76,6 +78,7 @@ def test_a_decode_step_of_several_rows_is_within_float32_rounding_and_keeps_each
     model = fake_model()
     native, reference = Run(model, "native"), Run(model, "transformers")
     prompts = [("a", list(range(40, 60))), ("b", [3, 4]), ("c", list(range(70, 79)))]
+    assert not rows_apart_pay(step_shape([(20, 20), (2, 2), (9, 9)]))  # the prompts' step: packed in both
     for run in (native, reference):
         run.step(prompts)
     decode = [("a", [1]), ("b", [2]), ("c", [3])]
@@ -116,6 +119,7 @@ def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the
     [
         ([(64, 64)] * 8, True),  # eight prompts packed: 512 × 512 pairs scored, 8 × 64 × 64 used
         ([(64, 64)] * 4, True),  # 12,288 pairs saved a row
+        ([(64, 64)] * 3, True),  # 8,192 a row: the count itself
         ([(32, 32)] * 4, False),  # 3,072 a row: the calls would cost more than they save
         ([(64, 64)] * 2, False),  # 4,096 a row
         ([(5, 5), (3, 3)], False),  # 34 of 64 pairs used: under half wasted
@@ -128,6 +132,15 @@ def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the
 def test_rows_are_attended_apart_where_the_pairs_saved_pay_for_the_calls(rows, apart):
     assert rows_apart_pay(step_shape(rows)) is apart
     assert rows_apart_pay(step_shape(rows, device="meta")) is False  # off the CPU: the packed call
+
+
+def test_batch_invariant_mode_inspection_and_decode_rows_come_before_the_rule():
+    prompts = [(100, 100)] * 3  # rows the rule sends apart
+    assert NativeLlama._attention(step_shape(prompts)) == ROW_BY_ROW
+    assert NativeLlama._attention(step_shape(prompts, probe=object())) == PACKED  # the probe reads packed bits
+    assert NativeLlama._attention(step_shape(prompts, row_by_row=True)) == ROW_BY_ROW
+    assert NativeLlama._attention(step_shape([(1, 100)] * 3, decode_rows=True)) is DecodeRows
+    assert NativeLlama._attention(step_shape([(5, 5), (3, 3)])) == PACKED
 
 
 def test_a_decode_rows_result_does_not_depend_on_what_the_other_rows_hold():

@@ -84,18 +84,29 @@ def budget() -> dict[str, float]:
             "left_ms": left_ms}  # fmt: skip
 
 
+def saved_a_row(tokens: list[int]) -> int:
+    """The query-key pairs a step of these prompts, packed, scores beyond their own, per prompt."""
+    total, own = sum(tokens), sum(t * t for t in tokens)
+    return (total * total - own) // len(tokens)
+
+
+def probe_saved(run: dict) -> tuple[int, int]:
+    """(pairs saved a row at each step, prompts a step), the prompts split evenly over the run's steps."""
+    tokens, steps = run["prompt_tokens"], run["steps"]["apart"][0]
+    per_step = len(tokens) // steps
+    return saved_a_row(tokens[:per_step]), per_step
+
+
 def probe_row(run: dict) -> str:
     tokens = run["prompt_tokens"]
     shape = f"{len(tokens)} × {tokens[0]}" if len(set(tokens)) == 1 else f"{len(tokens)} × {min(tokens)}–{max(tokens)}"
-    one_step = run["steps"] == {"packed": [1], "apart": [1]}
-    total, own = sum(tokens), sum(t * t for t in tokens)
-    saved = f"{(total * total - own) // len(tokens):,}" if one_step else "—"
-    rule = (
-        ("apart" if rows_apart_pay(step_shape([(t, t) for t in tokens])) else "packed") if one_step else "each step's"
-    )
+    saved, per_step = probe_saved(run)
+    where = "" if per_step == len(tokens) else f" ({per_step} prompts a step)"
+    (choices,) = run["rule_apart"]
+    rule = "apart" if all(choices) else "packed" if not any(choices) else "mixed"
     rounds = len(run["ms_per_round"]["apart"])
     return (
-        f"| {shape} | {'/'.join(map(str, run['steps']['apart']))} | {saved} | {rule} | "
+        f"| {shape} | {run['steps']['apart'][0]} | {saved:,}{where} | {rule} | "
         f"{run['median_ms']['packed']:.1f} ms | {run['median_ms']['apart']:.1f} ms | {run['apart_over_packed']:.3f} | "
         f"{run['apart_faster_rounds']} of {rounds} | {'the same' if run['same_first_tokens'] else 'differ'} |"
     )
@@ -107,10 +118,15 @@ def figures() -> dict[str, str]:
     starts = sorted(b["started_at"] for b in benches)
     loads = [b["machine"]["load_average_start"][0] for b in benches]
     profile, b = bench_file(PROFILE), budget()
+    kernels_at = bench_file(KERNELS[1])["started_at"]
+    transformers = ratios("AVX-512", TRANSFORMERS, TRANSFORMERS)
     n_c, a_c = ratios("AVX-512", COMPILED), ratios("AVX2 forced", COMPILED)
     return {
         "cpu": runs[0]["run"]["machine"]["cpu"],
         "torch": runs[0]["run"]["machine"]["torch"],
+        "day": starts[0][:10],
+        "k_day": kernels_at[:10],
+        "k_time": kernels_at[11:16],
         "t_first": starts[0][11:16],
         "t_last": starts[-1][11:16],
         "l_lo": x(min(loads)),
@@ -122,14 +138,19 @@ def figures() -> dict[str, str]:
         "a_c": x(statistics.median(a_c)),
         "n_c_lo": x(min(n_c)),
         "n_c_hi": x(max(n_c)),
-        "a_c_lo": x(min(a_c)),
-        "a_c_hi": x(max(a_c)),
+        "a_c_pairs": f"both pairs {x(a_c[0])}" if x(a_c[0]) == x(a_c[1]) else f"{x(min(a_c))}–{x(max(a_c))}",
         "n_miss": f"{(1 - statistics.median(n_c) / TARGET) * 100:.0f}",
         "a_miss": f"{(1 - statistics.median(a_c) / TARGET) * 100:.0f}",
         "n_e": x(statistics.median(ratios("AVX-512", EAGER))),
         "a_e": x(statistics.median(ratios("AVX2 forced", EAGER))),
         "n_t": x(statistics.median(ratios("AVX-512", TRANSFORMERS, TRANSFORMERS))),
         "a_t": x(statistics.median(ratios("AVX2 forced", TRANSFORMERS, TRANSFORMERS))),
+        "n_t_lo": x(min(transformers)),
+        "n_t_hi": x(max(transformers)),
+        "p_decode_steps": f"{profile['profile']['profiled_decode_steps']}",
+        "p_gather_calls": f"{op(profile, GATHER)['calls_per_step']:.0f}",
+        "k8_f16": x(kernel_ms(8, "float16") / kernel_ms(8, "int4")),
+        "probe_commit": bench_file(PROBE)["commit"],
         "p_steps": ", ".join(f"{t:.2f}" for t in profile["median_step_ms_per_repeat"]),
         "p_profiled": x(profile["profile"]["profiled_step_ms"]),
         "p_calls": f"{profile['profile']['aten_calls_per_step']:,}",

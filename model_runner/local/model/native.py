@@ -4,8 +4,8 @@ a packed step of the engine over its paged KV pool — RMSNorm, rotary embedding
 weight kernels, without the framework's per-layer machinery. Each op is the one transformers' Llama forward
 runs, in the same order and on tensors of the same shapes, so its logits are transformers' bits at the same
 shapes; a decode step of several rows attends each row over its own keys (DecodeRows), and so does a CPU step
-of several prompts or chunks where the packed batch would score twice the pairs it keeps (rows_apart_pay), each
-within rounding of the packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
+of several prompts or chunks where the pairs it saves pay for the calls (paged_step.rows_apart_pay), each within
+rounding of the packed batch (tests/unit/test_native_decoder.py, tests/model/test_native_decoder_model.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 
 from model_runner.loading.quantize import MM_DTYPE, decode_kernel, int4_mm
 from model_runner.local.kv_cache import FULL
-from model_runner.local.model.paged_step import PagedStep, attend_row_by_row, rows_apart_pay
+from model_runner.local.model.paged_step import PagedStep, RowBounds, attend_row_by_row, rows_apart_pay
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # config.model_type of the decoder layers this step runs (Qwen3: head norms)
 SILU = (SiLUActivation, nn.SiLU)  # transformers' "silu" and "swish": both nn.functional.silu
@@ -217,7 +217,10 @@ class NativeLlama:
         # cos, sin [1, T, d]: the model's own rotary module (its scaling rule), once a step
         cos, sin = rotation(*self.rotary(h, position_ids=step.positions[None]))
         mode = self._attention(step)
-        attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype) if mode is DecodeRows else mode
+        if mode is DecodeRows:
+            attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype)
+        else:  # row by row: the rows' bounds read to the host once a step, not once a layer
+            attend = RowBounds.of(step) if mode == ROW_BY_ROW else mode
         if self._on_decode_kernels(attend, h):
             stretches = self.stretches
             for layer in self.layers:
@@ -232,11 +235,11 @@ class NativeLlama:
     def _attention(step: PagedStep):
         """How this step's queries meet their keys: row by row in batch-invariant mode; when nothing is
         inspected, each decode row over its own gathered keys (DecodeRows: no block-diagonal waste, no key head
-        copied per query head) if the step is decode tokens only, and row by row where the packed batch would
-        do at least twice the rows' own work (rows_apart_pay); else the packed batch under its mask."""
+        copied per query head) if the step is decode tokens only, and row by row where rows_apart_pay (a CPU
+        step whose saved pairs pay for the calls); else the packed batch under its mask."""
         if step.row_by_row:
             return ROW_BY_ROW
-        if step.probe is not None:
+        if step.probe is not None:  # an inspected step keeps transformers' shapes, whose bits the probe reads
             return PACKED
         if step.decode_rows:
             return DecodeRows
@@ -280,8 +283,8 @@ class NativeLlama:
             keys, values = self._cache(k, v, layer.k_cache, layer.v_cache, step)  # [1, kv_heads, K, d]
             if step.probe is not None:
                 step.probe.capture(q, keys, step.mask, self.scaling)
-            if attend == ROW_BY_ROW:
-                out = self._attend_rows(q, keys, values, step)
+            if isinstance(attend, RowBounds):
+                out = self._attend_rows(q, keys, values, step.mask, attend)
             else:
                 out = self._attend(q, keys, values, step.mask)  # [1, T, heads, d]
         h = h + layer.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
@@ -330,10 +333,10 @@ class NativeLlama:
         out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, **grouped)
         return out.reshape(batch, -1, tokens, self.head_dim).transpose(1, 2).contiguous()
 
-    def _attend_rows(self, q, keys, values, step: PagedStep) -> torch.Tensor:
-        """Batch-invariant attention (PagedStep.row_by_row): each row's queries over its own keys only, at shapes
-        of its own (paged_step.attend_row_by_row); a row with no keys (padding) gets zeros."""
-        return attend_row_by_row(q, keys, values, step.mask, step.cu_q.tolist(), step.cu_k.tolist(), self._attend)
+    def _attend_rows(self, q, keys, values, mask, bounds: RowBounds) -> torch.Tensor:
+        """Each row's queries over its own keys only, at shapes of its own (paged_step.attend_row_by_row): batch-
+        invariant mode's attention, and a CPU step's where rows_apart_pay; a row with no keys (padding) gets zeros."""
+        return attend_row_by_row(q, keys, values, mask, bounds.cu_q, bounds.cu_k, self._attend)
 
 
 def values_after_keys(layers: list[Layer]) -> int | None:

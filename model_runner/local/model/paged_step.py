@@ -38,6 +38,18 @@ class PagedStep:
     row_by_row: bool = False
 
 
+@dataclass(frozen=True)
+class RowBounds:
+    """A step's row boundaries read to the host once a step, for attention row by row (`attend_row_by_row`)."""
+
+    cu_q: list[int]
+    cu_k: list[int]
+
+    @classmethod
+    def of(cls, step: PagedStep) -> RowBounds:
+        return cls(step.cu_q.tolist(), step.cu_k.tolist())
+
+
 class Decoder(Protocol):
     """Runs a PagedStep: writes its new tokens' K and V into the pool and returns the kept tokens' logits."""
 
@@ -86,10 +98,10 @@ def attend_row_by_row(
     return torch.cat(outputs, dim=1)
 
 
-# The query-key pairs a row's own attention call must save to pay for itself: its slices, copies and call cost
-# about what sdpa spends on this many pairs of the bundled model's heads (measured on a 2-core Xeon with
-# scripts/prompt_step_probe.py: 2 prompts of 64 tokens, 4k pairs saved a row, ran 6 % slower apart; 4 of 64,
-# 12k, 4 % faster; docs/performance.md)
+# The query-key pairs a row's own attention call must save before attending apart pays: set between two runs of
+# scripts/prompt_step_probe.py on a 2-core Xeon with the bundled model (9 heads of 64), two 64-token prompts
+# (4,096 saved a row) slower apart, four (12,288) faster (docs/performance.md); other CPUs, thread counts and
+# head shapes not measured
 SAVED_PAIRS_PER_ROW = 8192
 
 
@@ -97,10 +109,10 @@ def rows_apart_pay(step: PagedStep) -> bool:
     """Whether a CPU step of several rows (prompts, chunks, decodes beside them) attends faster row by row
     (attend_row_by_row): the packed batch scores all T queries against all K keys and masks the other rows'
     away, row r needs only its t_r × k_r, so eight 64-token prompts packed score eight times the pairs they
-    use. Apart when some row brings a prompt or a chunk (a step of one-token rows is DecodeRows' or the padded
-    static step's, whose shapes stay fixed) and the pairs saved are at least the rows' own and at least
-    SAVED_PAIRS_PER_ROW a row; a GPU keeps the packed call (its many small calls would cost launches, not
-    arithmetic; not measured)."""
+    use. Apart when the step is on the CPU (off it the packed call stays: many small calls would cost launches,
+    not measured), some row brings two or more tokens (steps of one-token rows stay as they are: DecodeRows,
+    the padded static step, one-token prompts), and the pairs saved are at least the rows' own and at least
+    SAVED_PAIRS_PER_ROW a row."""
     if step.ids.device.type != "cpu" or step.cu_q.numel() < 3 or step.max_q < 2:
         return False
     cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
