@@ -97,6 +97,15 @@ def probe_saved(run: dict) -> tuple[int, int]:
     return saved_a_row(tokens[:per_step]), per_step
 
 
+def one_step_probes() -> list[dict]:
+    return [r for r in bench_file(PROBE)["runs"] if r["steps"] == {"packed": [1], "apart": [1]}]
+
+
+def two_a_step() -> dict:
+    (run,) = [r for r in bench_file(PROBE)["runs"] if probe_saved(r)[1] == 2 and r["steps"]["apart"] != [1]]
+    return run
+
+
 def probe_row(run: dict) -> str:
     tokens = run["prompt_tokens"]
     shape = f"{len(tokens)} × {tokens[0]}" if len(set(tokens)) == 1 else f"{len(tokens)} × {min(tokens)}–{max(tokens)}"
@@ -178,6 +187,9 @@ def figures() -> dict[str, str]:
         "b_left": f"{b['left_ms']:.0f}",
         "saved_per_row": SAVED_PAIRS_PER_ROW,
         "probe_rows": "\n".join(probe_row(run) for run in bench_file(PROBE)["runs"]),
+        "lost_max": max(probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] > 1),
+        "gained_min": min(probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] < 1),
+        "two_gain": f"{(1 - two_a_step()['apart_over_packed']) * 100:.1f}",
     }
 
 
@@ -216,6 +228,14 @@ def test_what_the_sentences_say_holds_in_the_files():
     assert b["need_ms"] < b["step_ms"] and b["left_ms"] < b["first_s"] * 1000  # neither way fits today
     for run in bench_file(PROBE)["runs"]:  # "the first tokens the same" in every probe
         assert run["same_first_tokens"]
+    lost = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] > 1]
+    gained = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] < 1]
+    assert max(lost) < SAVED_PAIRS_PER_ROW <= min(gained)  # "hence the count a row"
+    for run in one_step_probes():  # the rule's recorded choice is the count's
+        assert run["rule_apart"] == [[probe_saved(run)[0] >= SAVED_PAIRS_PER_ROW]]
+    two = two_a_step()  # two prompts a step: exactly twice the rows' own, which the rule sends apart
+    tokens = two["prompt_tokens"][:2]
+    assert sum(tokens) ** 2 == 2 * sum(t * t for t in tokens) and all(all(c) for c in two["rule_apart"])
     eight = bench_file(PROBE)["runs"][0]  # the 8-client shape: apart in 5d462ac's rule too (saved ≥ own)
     tokens = eight["prompt_tokens"]
     assert len(tokens) == CLIENTS and eight["steps"]["apart"] == [1]
