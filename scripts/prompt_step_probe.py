@@ -6,7 +6,8 @@ for the prompts' steps (the engine's step(): schedule, forward, postprocess), th
 (`rows_apart_pay`) chose for each step, whether the first tokens agree, and the machine's facts
 (docs/performance.md).
 
-    .venv/bin/python scripts/prompt_step_probe.py [--clients 8] [--prompt-tokens 64] [--rounds 9] [--threads N]
+    .venv/bin/python scripts/prompt_step_probe.py [--model default] [--clients 8] [--prompt-tokens 64] [--rounds 9]
+        [--threads N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(model=args.model, device="cpu", dtype="auto", timeout_s=600.0, decoder="native")
     engine = Engine(config, loaded=load(args.model, "cpu", "auto"))
     command = "python scripts/prompt_step_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"command": command, **kernel_facts(), "load_average_before": load_average()}
+    result = {"command": command, "model": args.model, "route": engine.loaded.facts.dtype_route, **kernel_facts()}
+    result["load_average_before"] = load_average()
     result |= probe(engine, args.clients, args.prompt_tokens, args.rounds)
     result["load_average_after"] = load_average()
     print(json.dumps(result, indent=1))

@@ -3,7 +3,8 @@ forward over the same paged pool: a request alone gets transformers' logits bit 
 greedy answer (the same shapes), so the same tokens; eight requests prefilled together (short prompts, which
 the native step keeps packed: the same bits) and decoding together, which it attends row by row, get
 transformers' tokens up to the first near-tie of the route's rounding; longer prompts it attends apart get the
-packed batch's logits within rounding."""
+packed batch's logits within rounding (float32; on int4 and int8, whose head scores in float32 only its first
+pass's 32 highest, the tokens the packed batch decides beyond the route's rounding)."""
 
 from __future__ import annotations
 

@@ -122,8 +122,9 @@ def test_a_step_of_prompts_attends_each_over_its_own_keys_within_rounding_of_the
         ([(64, 64)] * 3, True),  # 8,192 a row: the count itself
         ([(32, 32)] * 4, False),  # 3,072 a row: the calls would cost more than they save
         ([(64, 64)] * 2, False),  # 4,096 a row
-        ([(5, 5), (3, 3)], False),  # 34 of 64 pairs used: under half wasted
-        ([(1000, 1000), (10, 10)], False),  # a long prompt beside a short one: the packed batch wastes little
+        ([(5, 5), (3, 3)], False),  # 15 pairs saved a row
+        ([(100, 100), (101, 101)], True),  # 10,100 a row, the lengths unequal
+        ([(1000, 1000), (4, 4)], False),  # a long prompt beside a short one: 4,000 a row
         ([(96, 196), (1, 201), (1, 201)], True),  # a chunk after its past beside decode rows
         ([(64, 64)], False),  # one row: the packed call is its own
         ([(1, 400), (1, 300)], False),  # one-token rows: DecodeRows' (or the padded static step's)
@@ -138,7 +139,7 @@ def test_batch_invariant_mode_inspection_and_decode_rows_come_before_the_rule():
     prompts = [(100, 100)] * 3  # rows the rule sends apart
     assert NativeLlama._attention(step_shape(prompts)) == ROW_BY_ROW
     assert NativeLlama._attention(step_shape(prompts, probe=object())) == PACKED  # the probe reads packed bits
-    assert NativeLlama._attention(step_shape(prompts, row_by_row=True)) == ROW_BY_ROW
+    assert NativeLlama._attention(step_shape([(5, 5), (3, 3)], row_by_row=True)) == ROW_BY_ROW  # packed by the rule
     assert NativeLlama._attention(step_shape([(1, 100)] * 3, decode_rows=True)) is DecodeRows
     assert NativeLlama._attention(step_shape([(5, 5), (3, 3)])) == PACKED
 

@@ -101,6 +101,31 @@ def one_step_probes() -> list[dict]:
     return [r for r in bench_file(PROBE)["runs"] if r["steps"] == {"packed": [1], "apart": [1]}]
 
 
+def probe_margins() -> dict[str, str]:
+    """How far apart lost and gained in the one-step probes, and the two-prompts-a-step run's gain and spread."""
+    lost = [r for r in one_step_probes() if r["apart_over_packed"] > 1]
+    gained = [r for r in one_step_probes() if r["apart_over_packed"] < 1]
+    gains = [(1 - r["apart_over_packed"]) * 100 for r in gained]
+    rounds = [r["apart_faster_rounds"] for r in gained]
+    two = two_a_step()
+    spread = two["ms_per_round"]["packed"] + two["ms_per_round"]["apart"]
+    return {
+        "lost_pcts": " and ".join(f"{(r['apart_over_packed'] - 1) * 100:.1f}" for r in sorted(lost, key=by_ratio)),
+        "lost_rounds": " and ".join(f"{r['apart_faster_rounds']}" for r in sorted(lost, key=by_ratio)),
+        "gain_lo": f"{min(gains):.1f}",
+        "gain_hi": f"{max(gains):.1f}",
+        "gained_rounds_lo": f"{min(rounds)}",
+        "gained_rounds_hi": f"{max(rounds)}",
+        "two_rounds": f"{two['apart_faster_rounds']}",
+        "two_lo": f"{min(spread):,.0f}",
+        "two_hi": f"{max(spread):,.0f}",
+    }
+
+
+def by_ratio(run: dict) -> float:
+    return run["apart_over_packed"]
+
+
 def two_a_step() -> dict:
     (run,) = [r for r in bench_file(PROBE)["runs"] if probe_saved(r)[1] == 2 and r["steps"]["apart"] != [1]]
     return run
@@ -187,6 +212,13 @@ def figures() -> dict[str, str]:
         "b_left": f"{b['left_ms']:.0f}",
         "saved_per_row": SAVED_PAIRS_PER_ROW,
         "probe_rows": "\n".join(probe_row(run) for run in bench_file(PROBE)["runs"]),
+        **probe_margins(),
+        "k1_command": bench_file(KERNELS[1])["command"],
+        "k8_command": bench_file(KERNELS[8])["command"],
+        "pl_lo": x(min(r["load_average_before"][0] for r in bench_file(PROBE)["runs"])),
+        "pl_hi": x(max(r["load_average_before"][0] for r in bench_file(PROBE)["runs"])),
+        "pl15_lo": x(min(r["load_average_before"][2] for r in bench_file(PROBE)["runs"])),
+        "pl15_hi": x(max(r["load_average_before"][2] for r in bench_file(PROBE)["runs"])),
         "lost_max": max(probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] > 1),
         "gained_min": min(probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] < 1),
         "two_gain": f"{(1 - two_a_step()['apart_over_packed']) * 100:.1f}",
@@ -231,8 +263,11 @@ def test_what_the_sentences_say_holds_in_the_files():
     lost = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] > 1]
     gained = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] < 1]
     assert max(lost) < SAVED_PAIRS_PER_ROW <= min(gained)  # "hence the count a row"
-    for run in one_step_probes():  # the rule's recorded choice is the count's
-        assert run["rule_apart"] == [[probe_saved(run)[0] >= SAVED_PAIRS_PER_ROW]]
+    for run in bench_file(PROBE)["runs"]:  # the recorded choices are the rule's today (equal prompts a step)
+        tokens, per_step = run["prompt_tokens"], probe_saved(run)[1]
+        assert run["rule_apart"] == [
+            [rows_apart_pay(step_shape([(t, t) for t in tokens[:per_step]]))] * len(run["rule_apart"][0])
+        ]
     two = two_a_step()  # two prompts a step: exactly twice the rows' own, which the rule sends apart
     tokens = two["prompt_tokens"][:2]
     assert sum(tokens) ** 2 == 2 * sum(t * t for t in tokens) and all(all(c) for c in two["rule_apart"])

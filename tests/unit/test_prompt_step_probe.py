@@ -50,6 +50,13 @@ def test_the_engine_s_rule_is_put_back_when_a_step_fails(engine, monkeypatch):
     assert native.rows_apart_pay is rows_apart_pay
 
 
+def test_a_step_with_nothing_to_do_before_every_first_token_is_an_error(engine, monkeypatch):
+    monkeypatch.setattr(engine, "step", lambda: False)
+    with pytest.raises(RuntimeError, match="nothing to step"):
+        prompt_step_probe.prompts_step(engine, bodies(engine, 30), "packed")
+    assert native.rows_apart_pay is rows_apart_pay
+
+
 def test_the_rounds_alternate_and_each_mode_s_times_are_its_own(engine, monkeypatch):
     calls = []  # the modes in the order the probe ran them
     times = {"packed": iter([1000.0, 10.0, 30.0, 20.0]), "apart": iter([1000.0, 4.0, 6.0, 5.0])}

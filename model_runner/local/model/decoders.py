@@ -1,6 +1,7 @@
 """The engine's two decoders of a PagedStep and the choice between them (`--decoder`): the native step for the
 Llama family (local/model/native.py), and transformers' own forward through its paged attention for every other
-architecture. `auto` takes the native step wherever it runs the model exactly as transformers does."""
+architecture. `auto` takes the native step wherever it runs transformers' ops for the model (the same bits at the
+same shapes, within rounding where it attends rows apart)."""
 
 from __future__ import annotations
 

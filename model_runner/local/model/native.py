@@ -219,7 +219,7 @@ class NativeLlama:
         mode = self._attention(step)
         if mode is DecodeRows:
             attend = DecodeRows(step, self.head_dim, self.read_trash, h.dtype)
-        else:  # row by row: the rows' bounds read to the host once a step, not once a layer
+        else:  # packed, or row by row on the rows' bounds read to the host once a step, not once a layer
             attend = RowBounds.of(step) if mode == ROW_BY_ROW else mode
         if self._on_decode_kernels(attend, h):
             stretches = self.stretches

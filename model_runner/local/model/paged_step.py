@@ -98,10 +98,11 @@ def attend_row_by_row(
     return torch.cat(outputs, dim=1)
 
 
-# The query-key pairs a row's own attention call must save before attending apart pays: set between two runs of
-# scripts/prompt_step_probe.py on a 2-core Xeon with the bundled model (9 heads of 64), two 64-token prompts
-# (4,096 saved a row) slower apart, four (12,288) faster (docs/performance.md); other CPUs, thread counts and
-# head shapes not measured
+# The query-key pairs a step must save a row before attending its rows apart pays: the smallest count at which
+# apart gained in scripts/prompt_step_probe.py's runs on a 2-core Xeon with the bundled model (9 heads of 64,
+# float32 attention): 3 prompts of 64 tokens (8,192 a row) gained, 2 of 64 (4,096) and 4 of 32 (3,072) lost
+# (docs/performance.md). Not measured: other CPUs, thread counts, head shapes and dtypes, and a chunk beside
+# decode rows.
 SAVED_PAIRS_PER_ROW = 8192
 
 
@@ -111,12 +112,10 @@ def rows_apart_pay(step: PagedStep) -> bool:
     away, row r needs only its t_r × k_r, so eight 64-token prompts packed score eight times the pairs they
     use. Apart when the step is on the CPU (off it the packed call stays: many small calls would cost launches,
     not measured), some row brings two or more tokens (steps of one-token rows stay as they are: DecodeRows,
-    the padded static step, one-token prompts), and the pairs saved are at least the rows' own and at least
-    SAVED_PAIRS_PER_ROW a row."""
+    the padded static step, one-token prompts), and the pairs saved are at least SAVED_PAIRS_PER_ROW a row."""
     if step.ids.device.type != "cpu" or step.cu_q.numel() < 3 or step.max_q < 2:
         return False
     cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
     rows = len(cu_q) - 1
     own = sum((cu_q[r + 1] - cu_q[r]) * (cu_k[r + 1] - cu_k[r]) for r in range(rows))
-    saved = cu_q[-1] * cu_k[-1] - own
-    return saved >= own and saved >= SAVED_PAIRS_PER_ROW * rows
+    return cu_q[-1] * cu_k[-1] - own >= SAVED_PAIRS_PER_ROW * rows
