@@ -263,8 +263,10 @@ def test_what_the_sentences_say_holds_in_the_files():
     lost = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] > 1]
     gained = [probe_saved(r)[0] for r in one_step_probes() if r["apart_over_packed"] < 1]
     assert max(lost) < SAVED_PAIRS_PER_ROW <= min(gained)  # "hence the count a row"
-    for run in bench_file(PROBE)["runs"]:  # the recorded choices are the rule's today (equal prompts a step)
+    for run in bench_file(PROBE)["runs"]:  # the recorded choices are the rule's today, and saved ≥ own held
         tokens, per_step = run["prompt_tokens"], probe_saved(run)[1]
+        step = tokens[:per_step]
+        assert sum(step) ** 2 - sum(t * t for t in step) >= sum(t * t for t in step)
         assert run["rule_apart"] == [
             [rows_apart_pay(step_shape([(t, t) for t in tokens[:per_step]]))] * len(run["rule_apart"][0])
         ]
