@@ -27,9 +27,9 @@ MODES = ("packed", "apart")
 
 
 def forced(mode: str, chosen: list[bool]):
-    """The rule the probe runs in `mode`: never apart ("packed") or apart wherever a CPU step has two or more
-    rows and one of them two or more tokens ("apart"); each step's own rule's choice goes to `chosen`."""
-    from model_runner.local.model.paged_step import rows_apart_pay
+    """The rule the probe runs in `mode`: never apart ("packed") or apart wherever the rows may go apart at all
+    (paged_step.rows_may_go_apart: "apart"); each step's own rule's choice goes to `chosen`."""
+    from model_runner.local.model.paged_step import rows_apart_pay, rows_may_go_apart
 
     seen = []  # the step last asked about: the engine asks twice a step (its mask, then its run)
 
@@ -37,9 +37,7 @@ def forced(mode: str, chosen: list[bool]):
         if not seen or seen[-1] is not step:
             seen[:] = [step]
             chosen.append(rows_apart_pay(step))
-        if mode == "packed":
-            return False
-        return step.ids.device.type == "cpu" and step.cu_q.numel() > 2 and step.max_q > 1
+        return mode == "apart" and rows_may_go_apart(step)
 
     return rule
 

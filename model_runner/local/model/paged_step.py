@@ -106,14 +106,20 @@ def attend_row_by_row(
 SAVED_PAIRS_PER_ROW = 8192
 
 
+def rows_may_go_apart(step: PagedStep) -> bool:
+    """Whether a step's rows could be attended apart at all: on the CPU (off it the packed call stays: many
+    small calls would cost launches, not measured), two or more rows, and some row bringing two or more tokens
+    (steps of one-token rows stay as they are: DecodeRows, the padded static step, one-token prompts)."""
+    return step.ids.device.type == "cpu" and step.cu_q.numel() > 2 and step.max_q > 1
+
+
 def rows_apart_pay(step: PagedStep) -> bool:
     """Whether a CPU step of several rows (prompts, chunks, decodes beside them) attends faster row by row
     (attend_row_by_row): the packed batch scores all T queries against all K keys and masks the other rows'
     away, row r needs only its t_r × k_r, so eight 64-token prompts packed score eight times the pairs they
-    use. Apart when the step is on the CPU (off it the packed call stays: many small calls would cost launches,
-    not measured), some row brings two or more tokens (steps of one-token rows stay as they are: DecodeRows,
-    the padded static step, one-token prompts), and the pairs saved are at least SAVED_PAIRS_PER_ROW a row."""
-    if step.ids.device.type != "cpu" or step.cu_q.numel() < 3 or step.max_q < 2:
+    use. Apart where its rows may go apart (rows_may_go_apart) and the pairs saved are at least
+    SAVED_PAIRS_PER_ROW a row."""
+    if not rows_may_go_apart(step):
         return False
     cu_q, cu_k = step.cu_q.tolist(), step.cu_k.tolist()
     rows = len(cu_q) - 1
